@@ -1,0 +1,115 @@
+"""Load a Hugging Face causal LM and its tokenizer from a local path, and turn requests into prompt ids.
+
+Nothing here reaches a model hub: a path that does not exist or holds no model is a
+:class:`~backends.errors.ModelLoadError`, raised before anything else is tried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from backends.errors import InvalidRequestError, ModelLoadError
+from backends.types import GenerationRequest
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    device: torch.device
+    eos_ids: frozenset[int]
+    max_context: int | None
+    path: Path
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError as exc:
+        raise InvalidRequestError(f"unknown device {device!r}", param="device") from exc
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidRequestError("device 'cuda' asked for but CUDA is not available", param="device")
+    return resolved
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``auto`` keeps float32 on CPU (exactness against reference decoding) and uses bfloat16 on GPUs."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise InvalidRequestError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}", param="dtype")
+    return DTYPES[dtype]
+
+
+def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"model path {str(path)!r} does not exist or is not a directory", param="model")
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"model path {str(path)!r} holds no model (no config.json)", param="model")
+    torch_device = resolve_device(device)
+    hf_logging.disable_progress_bar()
+    torch_dtype = resolve_dtype(dtype, torch_device)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"cannot load a causal LM from {str(path)!r}: {exc}", param="model") from exc
+    model.to(torch_device).eval()
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        device=torch_device,
+        eos_ids=_eos_ids(model, tokenizer),
+        max_context=_max_context(model),
+        path=path,
+    )
+
+
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    ids = set()
+    configured = model.generation_config.eos_token_id if model.generation_config else None
+    for value in (configured, tokenizer.eos_token_id):
+        if value is None:
+            continue
+        ids.update(value if isinstance(value, list) else [value])
+    return frozenset(ids)
+
+
+def _max_context(model: PreTrainedModel) -> int | None:
+    for key in ("max_position_embeddings", "n_positions"):
+        value = getattr(model.config, key, None)
+        if value:
+            return int(value)
+    return None
+
+
+def prompt_ids(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
+    """Token ids of the prompt: the chat template for messages, the raw text otherwise."""
+    tokenizer = loaded.tokenizer
+    if request.messages is not None:
+        if not tokenizer.chat_template:
+            raise InvalidRequestError("this model's tokenizer has no chat template; send a prompt", param="messages")
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = list(ids)
+    else:
+        ids = tokenizer(request.prompt, add_special_tokens=True)["input_ids"]
+    if not ids:
+        raise InvalidRequestError("the prompt encodes to no tokens", param="prompt")
+    if loaded.max_context is not None and len(ids) + request.max_tokens > loaded.max_context:
+        raise InvalidRequestError(
+            f"prompt ({len(ids)} tokens) plus max_tokens ({request.max_tokens}) exceeds the model's context "
+            f"of {loaded.max_context} tokens",
+            param="max_tokens",
+        )
+    return ids
