@@ -14,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from backends.errors import InvalidRequestError, ModelLoadError
+from backends.prompting import prompt_messages
 from backends.types import GenerationRequest
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -94,12 +95,15 @@ def _max_context(model: PreTrainedModel) -> int | None:
 
 
 def prompt_ids(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
-    """Token ids of the prompt: the chat template for messages, the raw text otherwise."""
+    """Token ids of the prompt: the chat template for messages (with format and tool notes), the raw text
+    otherwise."""
     tokenizer = loaded.tokenizer
     if request.messages is not None:
         if not tokenizer.chat_template:
             raise InvalidRequestError("this model's tokenizer has no chat template; send a prompt", param="messages")
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        messages = prompt_messages(
+            [m.model_dump(exclude_none=True) for m in request.messages], request.response_format, request.tools
+        )
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
         ids = list(ids)
     else:

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import torch
 
+from backends.constraints import GrammarConstraint, parse_tool_calls
 from backends.loading import LoadedModel, prompt_ids
 from backends.output import OutputTracker
 from backends.sampling import make_generator
@@ -35,22 +36,30 @@ class LocalBackend(ABC):
         request: GenerationRequest,
         generator: torch.Generator | None,
         stats: GenerationStats,
+        constraint: GrammarConstraint | None,
     ) -> Iterator[list[int]]:
-        """Yield the tokens each forward pass commits, counting passes in ``stats``."""
+        """Yield the tokens each forward pass commits (grammar-valid when ``constraint`` is given),
+        counting passes in ``stats``."""
 
     def stream(self, request: GenerationRequest) -> Iterator[StreamChunk]:
-        prompt = prompt_ids(self.loaded, request)
+        """Grammar and prompt are built first, so a bad request is refused before any forward pass."""
+        loaded = self.loaded
+        vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
+        constraint = GrammarConstraint.from_request(request, loaded.tokenizer, vocab_size, loaded.eos_ids)
+        prompt = prompt_ids(loaded, request)
         with self._lock, torch.inference_mode():
             stats = GenerationStats()
-            tracker = OutputTracker(self.loaded.tokenizer, request, self.loaded.eos_ids)
-            generator = make_generator(request, self.loaded.device)
+            tracker = OutputTracker(loaded.tokenizer, request, loaded.eos_ids)
+            generator = make_generator(request, loaded.device)
             started = time.perf_counter()
-            steps = self._decode(prompt, request, generator, stats)
+            steps = self._decode(prompt, request, generator, stats, constraint)
             try:
                 for span in steps:
                     if stats.time_to_first_token_s is None:
                         stats.time_to_first_token_s = time.perf_counter() - started
                     tracker.push(span)
+                    if constraint is not None and constraint.is_finished and not tracker.finished:
+                        tracker.finish("stop")
                     if tracker.finished:
                         break
                     delta = tracker.take_delta()
@@ -59,13 +68,18 @@ class LocalBackend(ABC):
             finally:
                 steps.close()
             stats.wall_time_s = time.perf_counter() - started
+            stats.constraint_s = constraint.elapsed_s if constraint is not None else 0.0
             stats.tokens_per_s = len(tracker.token_ids) / stats.wall_time_s if stats.wall_time_s else 0.0
+        tool_calls = (
+            parse_tool_calls(tracker.text, request.tools) if request.tools and request.tool_choice != "none" else None
+        )
         result = GenerationResult(
             text=tracker.text,
             token_ids=tracker.token_ids,
-            finish_reason=tracker.finish_reason or "length",
+            finish_reason="tool_calls" if tool_calls else tracker.finish_reason or "length",
             usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(tracker.token_ids)),
             stats=stats,
+            tool_calls=tool_calls,
         )
         yield StreamChunk(delta=tracker.take_delta(), finish_reason=result.finish_reason, result=result)
 

@@ -49,7 +49,7 @@ class OutputTracker:
                 break
         if not kept:
             return 0
-        searched_to = len(self.text)
+        searched_to = len(self.text.rstrip(REPLACEMENT_CHAR))
         self.token_ids.extend(kept)
         self.text = self._decode(self.token_ids)
         cut = self._find_stop(searched_to)

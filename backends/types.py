@@ -29,6 +29,23 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = None
 
 
+class DSparkOptions(BaseModel):
+    """Per-request DSpark decoding options; anything left out takes the pool's setting."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_span: int | None = Field(default=None, ge=1, le=16)
+    thresholds: dict[int, float] | None = None
+    verification: Literal["exact", "confidence"] | None = None
+
+    @field_validator("thresholds")
+    @classmethod
+    def _check_thresholds(cls, value: dict[int, float] | None) -> dict[int, float] | None:
+        if value is not None and any(not 0.0 <= t <= 1.0 or length < 2 for length, t in value.items()):
+            raise ValueError("thresholds map span lengths >= 2 to confidences in [0, 1]")
+        return value
+
+
 class GenerationRequest(BaseModel):
     """One subtask for a backend: either a raw ``prompt`` or chat ``messages``."""
 
@@ -46,6 +63,7 @@ class GenerationRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     stream: bool = False
+    dspark: DSparkOptions | None = None
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -156,6 +174,7 @@ class GenerationStats(BaseModel):
     time_to_first_token_s: float | None = None
     tokens_per_s: float = 0.0
     forced_tokens: int = 0
+    constraint_s: float = 0.0
     spans: SpanStats | None = None
 
 

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from backends.errors import DSparkRouterError
+from classifiers.commands import COMMANDS as CLASSIFIER_COMMANDS
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -55,7 +56,68 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_generate]
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train DSpark span heads (from scratch with a base model, or heads only)")
+    p.add_argument("--mode", choices=["scratch", "heads"], required=True)
+    p.add_argument("--output", required=True, help="folder for the trained model (checkpoints go inside)")
+    p.add_argument("--model", help="base model for --mode heads")
+    p.add_argument("--tokenizer", help="scratch mode: reuse this model folder's tokenizer (for a draft model)")
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=50)
+    p.add_argument("--num-heads", type=int, default=3, help="extra heads: K-1 for spans of up to K tokens")
+    p.add_argument("--loss-decay", type=float, default=0.8, help="next-k loss weight w_k = decay**k")
+    p.add_argument("--self-distill", type=int, default=0, help="heads mode: train on N greedy continuations")
+    p.add_argument("--distill-tokens", type=int, default=96)
+    p.add_argument("--chat-examples", type=int, default=20_000, help="chat subtasks in the generated corpus")
+    p.add_argument("--vocab-size", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--attention-heads", type=int, default=4)
+    p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=_train)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from backends.dspark.train import TrainConfig, run
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    config = TrainConfig(
+        mode=args.mode,
+        output=Path(args.output),
+        base_model=Path(args.model) if args.model else None,
+        tokenizer=Path(args.tokenizer) if args.tokenizer else None,
+        num_heads=args.num_heads,
+        loss_decay=args.loss_decay,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.seq_len,
+        lr=args.lr,
+        warmup=args.warmup,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+        self_distill=args.self_distill,
+        distill_tokens=args.distill_tokens,
+        vocab_size=args.vocab_size,
+        hidden=args.hidden,
+        layers=args.layers,
+        attention_heads=args.attention_heads,
+    )
+    report = run(config, chat_examples=args.chat_examples)
+    print(json.dumps(report.__dict__, indent=2))
+    return 0
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_generate, _add_train, *CLASSIFIER_COMMANDS]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,10 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from backends.modelfactory import build_model, save_pretrained, stdlib_texts, train_tokenizer
 
 ARCHITECTURES = ("llama", "gpt2")
+
+# Tiny models gain nothing from threads, and one thread keeps timings and float reductions steady.
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,179 @@
+"""The DSpark decode loop: prefill, propose a span, verify it in the pass that proposes the next one.
+
+Each step starts from the base model's logits and last hidden state at the newest committed position:
+
+1. ``propose``: the base model's own next token (certain) plus a draft from the span heads, cut to the
+   length the span policy picks from the heads' confidence;
+2. one forward pass over that proposal appends it to the KV cache and yields, at every proposal position,
+   the base model's logits (to verify the draft) and the hidden state (to draft the next step);
+3. ``verify_greedy`` / ``verify_sampled`` keep the longest prefix the base model agrees with; ``exact``
+   verification makes greedy output identical to plain decoding and sampled output equal in distribution
+   (speculative sampling, the heads' distributions as the draft); ``confidence`` keeps the whole span;
+4. rejected positions are cropped out of the KV cache and the next step starts from the last kept one.
+
+Under a grammar (``constraint``), text the grammar forces is committed in one pass without drafting, the
+draft is cut at the first token the grammar rejects, and verification compares against grammar-masked
+logits, so every committed token is valid; the grammar only ever consumes committed tokens, so a rejected
+draft needs no grammar rollback.
+
+Every pass commits at least one token, so the loop never does worse than plain decoding in token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from backends.autoregressive import forced_tokens
+from backends.constraints import GrammarConstraint
+from backends.dspark.model import DSparkModel
+from backends.dspark.selection import SpanPolicy
+from backends.sampling import pick_token, sample, token_probs
+from backends.types import GenerationRequest, GenerationStats, SpanStats
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    draft_probs: torch.Tensor | None
+    """Draft distributions [len(tokens) - 1, V] (sampling only): what verification compares against."""
+
+
+def prefill(model: DSparkModel, prompt: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
+    hidden, logits = model.forward(prompt, cache)
+    return hidden[-1], logits[-1]
+
+
+def propose(
+    model: DSparkModel,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    first: int | None,
+    request: GenerationRequest,
+    policy: SpanPolicy,
+    generator: torch.Generator | None,
+    stats: SpanStats,
+    constraint: GrammarConstraint | None,
+) -> Proposal:
+    """The base model's next token (or the correction a rejected draft left) and a confident draft after it.
+
+    Under a grammar the first token is chosen from masked logits and committed to the grammar at once (it is
+    kept whatever verification says), and the draft is cut at the first token the grammar rejects.
+    """
+    if first is None:
+        if constraint is not None:
+            constraint.mask_logits(logits)
+        first = pick_token(logits, request, generator)
+    if constraint is not None:
+        constraint.consume([first])
+    token = first
+    if policy.longest == 1:
+        stats.proposed_span_hist[1] = stats.proposed_span_hist.get(1, 0) + 1
+        return Proposal([token], None)
+    head_logits = model.heads(hidden, model.lm_head)[: policy.longest - 1]
+    if request.greedy:
+        top_probs, draft = torch.softmax(head_logits.float(), dim=-1).max(dim=-1)
+        draft_probs = None
+    else:
+        draft_probs = token_probs(head_logits, request)
+        draft = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
+        top_probs = draft_probs.max(dim=-1).values
+    length, cleared = policy.choose(top_probs)
+    for n in cleared:
+        stats.cleared_threshold[n] = stats.cleared_threshold.get(n, 0) + 1
+    stats.fallback_steps += length == 1
+    stats.proposed_span_hist[length] = stats.proposed_span_hist.get(length, 0) + 1
+    drafted = draft[: length - 1].tolist()
+    if constraint is not None:
+        drafted = drafted[: constraint.valid_prefix(drafted)]
+    return Proposal([token, *drafted], None if draft_probs is None else draft_probs[: len(drafted)])
+
+
+def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> int:
+    """How many draft tokens equal the base model's argmax at their position."""
+    targets = torch.argmax(target_logits[: len(draft)], dim=-1).tolist()
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == targets[accepted]:
+        accepted += 1
+    return accepted
+
+
+def verify_sampled(
+    draft: list[int],
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+) -> tuple[int, int | None]:
+    """Speculative sampling: accept d with probability min(1, p(d)/q(d)); on rejection resample from
+    max(0, p - q), so every committed token is distributed exactly as plain sampling from p would be.
+    Returns the accepted count and the correction token (None when every draft token was accepted)."""
+    for i, token in enumerate(draft):
+        p, q = target_probs[i, token], draft_probs[i, token]
+        u = torch.rand((), generator=generator, device=target_probs.device)
+        if q > 0 and u * q <= p:
+            continue
+        residual = torch.clamp(target_probs[i] - draft_probs[i], min=0.0)
+        total = residual.sum()
+        return i, sample(residual / total if total > 0 else target_probs[i], generator)
+    return len(draft), None
+
+
+def decode(
+    model: DSparkModel,
+    prompt: list[int],
+    request: GenerationRequest,
+    policy: SpanPolicy,
+    generator: torch.Generator | None,
+    stats: GenerationStats,
+    constraint: GrammarConstraint | None = None,
+) -> Iterator[list[int]]:
+    """Yield the tokens each forward pass commits; the caller closes the generator when output ends."""
+    spans = stats.spans = SpanStats(acceptance_by_offset=[0.0] * (policy.longest - 1))
+    proposed_at = [0] * (policy.longest - 1)
+    accepted_at = [0] * (policy.longest - 1)
+    cache = DynamicCache(config=model.config)
+    hidden, logits = prefill(model, prompt, cache)
+    stats.forward_passes += 1
+    correction: int | None = None
+    try:
+        while True:
+            forced = forced_tokens(constraint, stats)
+            if forced:
+                all_hidden, all_logits = model.forward(forced, cache)
+                stats.forward_passes += 1
+                hidden, logits, correction = all_hidden[-1], all_logits[-1], None
+                yield forced
+                continue
+            proposal = propose(model, hidden, logits, correction, request, policy, generator, spans, constraint)
+            all_hidden, all_logits = model.forward(proposal.tokens, cache)
+            stats.forward_passes += 1
+            draft = proposal.tokens[1:]
+            if constraint is not None:
+                masks = constraint.span_masks(draft).to(all_logits.device)
+                all_logits = all_logits.masked_fill(~masks, float("-inf"))
+            if policy.verification == "confidence":
+                accepted, correction = len(draft), None
+            elif request.greedy:
+                accepted, correction = verify_greedy(draft, all_logits), None
+            else:
+                target_probs = token_probs(all_logits[: len(draft)], request)
+                accepted, correction = verify_sampled(draft, proposal.draft_probs, target_probs, generator)
+            for offset in range(len(draft)):
+                proposed_at[offset] += 1
+                accepted_at[offset] += offset < accepted
+            if len(draft) > accepted:
+                cache.crop(accepted - len(draft))
+            if constraint is not None:
+                constraint.consume(draft[:accepted])
+            committed = proposal.tokens[: 1 + accepted]
+            spans.steps += 1
+            spans.accepted_span_hist[len(committed)] = spans.accepted_span_hist.get(len(committed), 0) + 1
+            hidden, logits = all_hidden[accepted], all_logits[accepted]
+            yield committed
+    finally:
+        committed_total = sum(n * count for n, count in spans.accepted_span_hist.items())
+        spans.mean_accepted = committed_total / spans.steps if spans.steps else 0.0
+        spans.acceptance_by_offset = [a / p if p else 0.0 for a, p in zip(accepted_at, proposed_at)]

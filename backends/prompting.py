@@ -1,0 +1,65 @@
+"""How a request's response_format and tools reach the model: as compact notes in the system message.
+
+Chat templates of small models have no place for tools or schemas, so the format and the tool signatures are
+written into the system message. The demo model is trained on prompts built by this same function
+(backends.dspark.corpus), and every backend builds its prompts with it, so training and serving agree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+SCHEMA_NOTE_CHARS = 600
+
+
+def _type_name(schema: dict[str, Any]) -> str:
+    return "|".join(map(str, schema["enum"])) if "enum" in schema else str(schema.get("type", "any"))
+
+
+def format_instructions(response_format: dict[str, Any] | None, tools: Sequence[dict[str, Any]] | None) -> str | None:
+    """The response format and tools in a few compact lines, or None when there are neither."""
+    notes = []
+    if tools:
+        lines = []
+        for tool in tools:
+            function = tool.get("function", tool)
+            properties = function.get("parameters", {}).get("properties", {})
+            signature = ", ".join(f"{name}: {_type_name(schema)}" for name, schema in properties.items())
+            lines.append(f"- {function['name']}({signature}): {function.get('description', '')}".rstrip(": "))
+        notes.append('Call a tool by replying with JSON {"name": ..., "arguments": {...}}. Tools:\n' + "\n".join(lines))
+    kind = (response_format or {}).get("type")
+    if kind == "json_schema":
+        notes.append(_schema_note(response_format.get("json_schema", {}).get("schema", {})))
+    elif kind == "json_object":
+        notes.append("Reply with a JSON object.")
+    return "\n\n".join(notes) or None
+
+
+def _schema_note(schema: Any) -> str:
+    """The schema itself when it is short; past SCHEMA_NOTE_CHARS only its top-level keys, since a small
+    model's context cannot hold a large schema and the grammar enforces the rest anyway."""
+    text = json.dumps(schema, separators=(",", ":"))
+    if len(text) <= SCHEMA_NOTE_CHARS:
+        return f"Reply with JSON matching this schema: {text}"
+    keys = list(schema.get("properties", {})) if isinstance(schema, dict) else []
+    return f"Reply with JSON with the keys: {', '.join(keys)}" if keys else "Reply with JSON."
+
+
+def prompt_messages(
+    messages: Sequence[dict[str, str]],
+    response_format: dict[str, Any] | None = None,
+    tools: Sequence[dict[str, Any]] | None = None,
+) -> list[dict[str, str]]:
+    """The messages as the model sees them: format and tool notes appended to the system message (one is added
+    when there is none). Returns copies; the input is left alone."""
+    out = [dict(message) for message in messages]
+    note = format_instructions(response_format, tools)
+    if note is None:
+        return out
+    if out and out[0]["role"] == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{note}"
+    else:
+        out.insert(0, {"role": "system", "content": note})
+    return out

@@ -1,0 +1,46 @@
+"""The console command, run as a user runs it: a real subprocess of the installed entry point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    exe = shutil.which("dspark-router") or sys.executable
+    prefix = [] if exe.endswith("dspark-router") else ["-m", "router.cli"]
+    return subprocess.run([exe, *prefix, *args], capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_model_paths):
+    return str(tiny_model_paths["llama"])
+
+
+def test_generate_json_prints_the_result_fields(model):
+    proc = _cli("generate", "--model", model, "--max-tokens", "6", "--json", "def f(")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert result["finish_reason"] == "length"
+    assert result["usage"]["completion_tokens"] == len(result["token_ids"]) == 6
+    assert result["stats"]["forward_passes"] == 6
+
+
+def test_generate_text_matches_json_text(model):
+    args = ("generate", "--model", model, "--max-tokens", "8", "--temperature", "0.9", "--seed", "4", "x = ")
+    text = _cli(*args).stdout
+    as_json = json.loads(_cli(*args, "--json").stdout)
+    assert text == as_json["text"] + "\n"
+
+
+def test_bad_input_exits_2_with_an_openai_shaped_error(model, tmp_path):
+    proc = _cli("generate", "--model", model, "--max-tokens", "0", "x")
+    assert proc.returncode == 2
+    assert json.loads(proc.stderr)["error"]["param"] == "max_tokens"
+    proc = _cli("generate", "--model", str(tmp_path / "missing"), "x")
+    assert proc.returncode == 2
+    assert json.loads(proc.stderr)["error"]["type"] == "model_load_error"

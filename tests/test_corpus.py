@@ -1,0 +1,90 @@
+"""The dspark-mini corpus: chat rendered exactly like the serving template, reproducible, three sources."""
+
+from __future__ import annotations
+
+import json
+
+from backends.dspark.corpus import (
+    CHUNK_CHARS,
+    build_corpus,
+    build_corpus_parts,
+    corpus_manifest,
+    iter_chat_prompts,
+    render_chat,
+)
+from backends.modelfactory import END_OF_TEXT, IM_END, IM_START
+from backends.prompting import prompt_messages
+from classifiers.subtasks import KINDS
+
+
+def test_render_chat_matches_the_tokenizer_chat_template(tiny_tokenizer) -> None:
+    examples = list(iter_chat_prompts(60, seed=4))
+    assert {len(e.messages) for e in examples} == {1, 2}  # with and without a system message
+    for example in examples:
+        expected = tiny_tokenizer.apply_chat_template(example.messages, add_generation_prompt=True, tokenize=False)
+        assert example.prompt == expected
+        assert render_chat(example.messages, example.reference) == f"{expected}{example.reference}{IM_END}\n"
+
+
+def test_prompt_messages_spell_out_tools_and_schemas_in_the_system_message() -> None:
+    examples = list(iter_chat_prompts(400, seed=1, kinds=["tool_call_arguments", "json_extraction"]))
+    for example in examples:
+        subtask = example.subtask
+        if subtask.tools is None and subtask.response_format is None:
+            assert example.messages == subtask.messages
+            continue
+        system = example.messages[0]
+        assert system["role"] == "system"
+        if subtask.messages[0]["role"] == "system":
+            assert system["content"].startswith(subtask.messages[0]["content"])
+        for tool in subtask.tools or ():
+            assert f"- {tool['function']['name']}(" in system["content"]
+        if (subtask.response_format or {}).get("type") == "json_schema":
+            schema = subtask.response_format["json_schema"]["schema"]
+            assert json.dumps(schema, separators=(",", ":")) in system["content"]
+    plain = [{"role": "user", "content": "hi"}]
+    assert prompt_messages(plain) == plain
+    assert prompt_messages(plain, {"type": "json_object"})[0] == {
+        "role": "system",
+        "content": "Reply with a JSON object.",
+    }
+    assert plain == [{"role": "user", "content": "hi"}]
+
+
+def test_build_corpus_is_reproducible() -> None:
+    first = build_corpus(40, seed=1, code_chunks=6, prose_chunks=6)
+    assert first == build_corpus(40, seed=1, code_chunks=6, prose_chunks=6)
+    assert first != build_corpus(40, seed=2, code_chunks=6, prose_chunks=6)
+
+
+def test_corpus_holds_all_three_sources_each_document_ended_once() -> None:
+    parts = build_corpus_parts(40, seed=0, code_chunks=6, prose_chunks=6)
+    assert (len(parts.chat), len(parts.code), len(parts.prose)) == (40, 6, 6)
+    docs = parts.documents()
+    assert sorted(docs) == sorted([*parts.chat, *parts.code, *parts.prose])
+    assert all(doc.endswith(END_OF_TEXT) and doc.count(END_OF_TEXT) == 1 for doc in docs)
+    assert all(doc.startswith(IM_START) and doc.endswith(f"{IM_END}\n{END_OF_TEXT}") for doc in parts.chat)
+    assert all(doc.startswith("# ") and IM_START not in doc for doc in parts.code)
+    assert all(IM_START not in doc and "copyright" not in doc.lower() for doc in parts.code + parts.prose)
+    used = parts.code_files + parts.prose_files
+    assert used and not any(part in path.split("/") for path in used for part in ("test", "site-packages"))
+
+
+def test_default_mix_sizes_code_and_prose_from_the_chat_part() -> None:
+    parts = build_corpus_parts(60, seed=0)
+    chat, code, prose = (sum(map(len, docs)) for docs in (parts.chat, parts.code, parts.prose))
+    slack = CHUNK_CHARS + 100
+    assert chat * 25 / 60 <= code <= chat * 25 / 60 + slack
+    assert chat * 15 / 60 <= prose <= chat * 15 / 60 + slack
+
+
+def test_manifest_names_sources_and_licences() -> None:
+    manifest = corpus_manifest(20, seed=0, code_chunks=3, prose_chunks=3)
+    names = {source["name"]: source for source in manifest["sources"]}
+    assert set(names) == {"synthetic-agent-subtasks", "python-stdlib-source", "python-stdlib-docstrings"}
+    assert names["python-stdlib-source"]["licence"].startswith("PSF")
+    assert names["python-stdlib-source"]["python_version"]
+    assert names["synthetic-agent-subtasks"]["kinds"] == list(KINDS)
+    assert manifest["chars"] == sum(source["chars"] for source in manifest["sources"])
+    assert manifest["documents"] == 26
+    json.dumps(manifest)  # ready for the model card
