@@ -19,7 +19,7 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/dspark-router demo
+	$(BIN)/python examples/agent_pipeline.py
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -35,7 +35,7 @@ bench: $(STAMP)
 # dspark-mini: base and heads jointly from scratch, then heads on the base model's own greedy continuations.
 MODEL_DIR := models/dspark-mini
 model: $(STAMP)
-	$(BIN)/dspark-router train --mode scratch --output runs/dspark-mini-base --steps 1500 --batch-size 12 \
+	$(BIN)/dspark-router train --mode scratch --output runs/dspark-mini-base --steps 1300 --batch-size 12 \
 		--seq-len 256 --vocab-size 2048 --hidden 192 --layers 4 --lr 3e-3 --chat-examples 20000
 	$(BIN)/dspark-router train --mode heads --model runs/dspark-mini-base --output $(MODEL_DIR) --steps 600 \
 		--batch-size 32 --lr 2e-3 --self-distill 2000 --distill-tokens 96

@@ -6,6 +6,7 @@ Nothing here reaches a model hub: a path that does not exist or holds no model i
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,9 @@ from backends.errors import InvalidRequestError, ModelLoadError
 from backends.prompting import prompt_messages
 from backends.types import GenerationRequest
 
+# transformers' from_pretrained builds models through process-wide state (the meta device), so two threads
+# loading at once corrupt each other's models: every load in the process takes this lock.
+_LOAD_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -61,8 +65,9 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
     hf_logging.disable_progress_bar()
     torch_dtype = resolve_dtype(dtype, torch_device)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
+        with _LOAD_LOCK:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"cannot load a causal LM from {str(path)!r}: {exc}", param="model") from exc
     model.to(torch_device).eval()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from backends.errors import DSparkRouterError
 from classifiers.commands import COMMANDS as CLASSIFIER_COMMANDS
+from router.commands import add_route
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -117,7 +118,12 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_generate, _add_train, *CLASSIFIER_COMMANDS]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
+    _add_generate,
+    _add_train,
+    *CLASSIFIER_COMMANDS,
+    add_route,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

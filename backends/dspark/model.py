@@ -26,7 +26,6 @@ class DSparkModel:
     @classmethod
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: str = "auto") -> DSparkModel:
         """Base model and heads from one folder; a folder without heads is a ModelLoadError."""
-        DSparkConfig.load(Path(path))
         loaded = load_model(path, device=device, dtype=dtype)
         heads = SpanHeads.load(path, device=loaded.device, dtype=loaded.model.dtype)
         return cls(loaded, heads)

@@ -1,0 +1,50 @@
+"""Benchmarks, run as ``dspark-router bench NAME``.
+
+A benchmark is a module with ``add_arguments(parser)`` and ``run(args) -> exit code``, listed in
+:data:`BENCHMARKS` with a one-line help. To add ``bench NAME``: import ``benchmarks.NAME`` here and add
+``"NAME": Benchmark("one-line help", NAME.add_arguments, NAME.run)``. Every CLI invocation builds all the
+parsers, so a benchmark module should be cheap to import (torch is loaded anyway; leave the rest to ``run``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import NamedTuple
+
+from benchmarks import decode, route, structured
+
+
+class Benchmark(NamedTuple):
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "decode": Benchmark(
+        "DSpark against plain decoding and transformers' fast paths, interleaved on one model",
+        decode.add_arguments,
+        decode.run,
+    ),
+    "structured": Benchmark(
+        "JSON-schema-constrained generation on real schemas, outputs validated, both backends",
+        structured.add_arguments,
+        structured.run,
+    ),
+    "route": Benchmark(
+        "routing quality (AUROC, time saved vs an oracle) and scoring latency of the determinism classifier",
+        route.add_arguments,
+        route.run,
+    ),
+}
+
+
+def add_bench_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``bench`` subcommand, one sub-subcommand per entry of :data:`BENCHMARKS`."""
+    p = sub.add_parser("bench", help="run a benchmark")
+    benches = p.add_subparsers(dest="benchmark", required=True)
+    for name, bench in BENCHMARKS.items():
+        parser = benches.add_parser(name, help=bench.help, description=bench.help)
+        bench.add_arguments(parser)
+        parser.set_defaults(handler=bench.run)

@@ -1,0 +1,164 @@
+"""``dspark-router bench route``: how well the determinism classifier routes subtasks it never saw, and how fast.
+
+On the test split of the measurements (templates the classifier was not fitted on) it reports
+
+* ``auroc``: how well the score ranks subtasks whose speedup reaches the classifier's margin above the rest;
+* time saved: sending a subtask to DSpark saves ``t_standard * (1 - 1/speedup)`` (negative when DSpark is
+  slower). The classifier sends the subtasks scoring >= ``--threshold``; the oracle, which knows every measured
+  speedup, sends exactly those with speedup > 1. ``oracle_gain_ratio`` is the classifier's saving over the
+  oracle's, ``all_dspark_gain_ratio`` and ``all_standard_gain_ratio`` (always 0) the same for one pool alone;
+* ``p50_us`` / ``p99_us``: the latency of scoring one subtask in-process, as the router does per request, and
+  ``cpu_p50_us`` / ``cpu_p99_us``, the CPU time of those calls. Judge the target on an otherwise idle machine:
+  on busy cores the wall-clock p99 measures the scheduler, not the classifier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from backends.errors import InvalidRequestError
+from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS
+from classifiers.records import Measurement, read_measurements
+
+if TYPE_CHECKING:
+    from classifiers.model import DeterminismClassifier
+
+TARGETS = {"auroc": 0.9, "oracle_gain_ratio": 0.9, "p99_us": 1000.0}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--measurements", default=str(DEFAULT_MEASUREMENTS), help="measurements JSONL (from calibrate)")
+    p.add_argument("--classifier", default=str(DEFAULT_CLASSIFIER), help="classifier file (default: the shipped one)")
+    p.add_argument("--split", choices=["train", "val", "test"], default="test")
+    p.add_argument("--threshold", type=float, default=0.5, help="route to DSpark when score >= threshold")
+    p.add_argument("--latency-calls", type=int, default=2000, help="single-subtask scoring calls to time")
+    p.add_argument("--json", metavar="PATH", help="write the report as JSON")
+    p.add_argument("--plot", metavar="PNG", help="draw the ROC curve and score against speedup")
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return part / whole if whole > 0 else None
+
+
+def evaluate(scores: np.ndarray, records: Sequence[Measurement], margin: float, threshold: float) -> dict[str, Any]:
+    """Ranking, calibration and time saved of routing ``records`` by ``scores``."""
+    from sklearn.metrics import brier_score_loss, roc_auc_score
+
+    speedups = np.array([record.speedup for record in records])
+    labels = speedups >= margin
+    weights = np.array([record.standard_time_s or 1.0 for record in records])
+    saved = weights * (1.0 - 1.0 / speedups)
+    oracle = float(saved[speedups > 1.0].sum())
+    routed = float(saved[scores >= threshold].sum())
+    both_classes = 0 < labels.sum() < len(labels)
+    return {
+        "subtasks": len(records),
+        "margin": margin,
+        "threshold": threshold,
+        "positive_rate": float(labels.mean()),
+        "auroc": float(roc_auc_score(labels, scores)) if both_classes else None,
+        "brier": float(brier_score_loss(labels, scores, labels=[False, True])),
+        "routed_to_dspark": int((scores >= threshold).sum()),
+        "standard_time_s": float(weights.sum()),
+        "saved_s": {"classifier": routed, "oracle": oracle, "all_dspark": float(saved.sum()), "all_standard": 0.0},
+        "oracle_gain_ratio": _ratio(routed, oracle),
+        "all_dspark_gain_ratio": _ratio(float(saved.sum()), oracle),
+        "all_standard_gain_ratio": _ratio(0.0, oracle),
+    }
+
+
+def scoring_latency(
+    classifier: DeterminismClassifier, seen: Sequence[dict], timed: Sequence[dict], calls: int
+) -> dict[str, float]:
+    """p50/p99 of one ``score`` call, wall clock and this thread's CPU time (what the call costs when the cores are
+    shared). The tokenisation caches are warmed on ``seen`` (traffic a server would have scored before), then
+    ``calls`` calls cycle through ``timed``: the first pass meets their new words cold."""
+    for request in seen:
+        classifier.score(request)
+    wall, cpu = np.empty(calls), np.empty(calls)
+    for i in range(calls):
+        started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
+        classifier.score(timed[i % len(timed)])
+        cpu[i], wall[i] = time.thread_time_ns() - started_cpu, time.perf_counter_ns() - started
+    (p50, p99), (cpu_p50, cpu_p99) = (np.percentile(times / 1000.0, [50, 99]) for times in (wall, cpu))
+    return {"p50_us": float(p50), "p99_us": float(p99), "cpu_p50_us": float(cpu_p50), "cpu_p99_us": float(cpu_p99)}
+
+
+def plot(scores: np.ndarray, records: Sequence[Measurement], report: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from sklearn.metrics import roc_curve
+
+    speedups = np.array([record.speedup for record in records])
+    fig, (roc, scatter) = plt.subplots(1, 2, figsize=(11, 4.5))
+    if report["auroc"] is not None:
+        fpr, tpr, _ = roc_curve(speedups >= report["margin"], scores)
+        roc.plot(fpr, tpr, label=f"AUROC {report['auroc']:.3f}")
+    roc.plot([0, 1], [0, 1], linestyle=":", color="grey", label="chance")
+    roc.set(xlabel="false positive rate", ylabel="true positive rate", title="ROC: speedup >= margin")
+    roc.legend(loc="lower right")
+    kinds = np.array([record.kind or "(unknown)" for record in records])
+    for i, kind in enumerate(sorted(set(kinds))):
+        mask = kinds == kind
+        scatter.scatter(speedups[mask], scores[mask], s=12, label=kind, color=plt.get_cmap("tab20")(i % 20))
+    scatter.axvline(report["margin"], color="grey", linestyle="--", linewidth=1)
+    scatter.axhline(report["threshold"], color="grey", linestyle=":", linewidth=1)
+    scatter.set(xscale="log", xlabel="measured speedup (DSpark / standard)", ylabel="score", title="score vs speedup")
+    scatter.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def _print(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"bench route: {report['subtasks']} {report['split']} subtasks, margin {report['margin']}x")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    table.add_column("target", justify="right")
+    for name in ("auroc", "brier", "oracle_gain_ratio", "all_dspark_gain_ratio", "all_standard_gain_ratio"):
+        value = report[name]
+        target = TARGETS.get(name)
+        table.add_row(name, "n/a" if value is None else f"{value:.3f}", f">= {target}" if target else "")
+    for name in ("p50_us", "p99_us", "cpu_p50_us", "cpu_p99_us"):
+        table.add_row(name, f"{report[name]:.0f}", f"< {TARGETS[name]:.0f}" if name in TARGETS else "")
+    Console().print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    from classifiers.model import DeterminismClassifier
+
+    records, _ = read_measurements(args.measurements)
+    chosen = [record for record in records if record.speedup is not None and record.resolved_split == args.split]
+    if not chosen:
+        raise InvalidRequestError(f"{args.measurements!r} holds no measured {args.split}-split subtasks", param="split")
+    if args.latency_calls < 1:
+        raise InvalidRequestError("--latency-calls must be >= 1", param="latency_calls")
+    classifier = DeterminismClassifier.load(args.classifier)
+    seen = [record.request for record in records if record.resolved_split != args.split]
+    latency = scoring_latency(classifier, seen, [record.request for record in chosen], args.latency_calls)
+    scores = classifier.score_many(record.request for record in chosen)
+    report = {"split": args.split, **evaluate(scores, chosen, classifier.margin, args.threshold), **latency}
+    report["targets_met"] = {
+        "auroc": (report["auroc"] or 0.0) >= TARGETS["auroc"],
+        "oracle_gain_ratio": (report["oracle_gain_ratio"] or 0.0) >= TARGETS["oracle_gain_ratio"],
+        "p99_us": report["p99_us"] < TARGETS["p99_us"],
+    }
+    _print(report)
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.plot:
+        plot(scores, chosen, report, args.plot)
+    return 0

@@ -1,0 +1,166 @@
+"""Measure DSpark's speedup per subtask: each runs on DSpark (exact verification) and on plain autoregressive
+decoding, one model in one process, interleaved and warm.
+
+Both backends share the model's weights, so the only difference is the decode loop. The order alternates from
+one subtask to the next and every run is warm (one untimed run of each first), so neither backend pays for
+cold caches or a CPU that is clocking up. Each subtask is decoded with a fixed seed, so repeats of it give the
+same output and the fastest of ``repeats`` runs is the one kept: the usual way to take scheduling noise out.
+
+Speedup is standard time per output token over DSpark time per output token: for the greedy subtasks both
+produce the same tokens and this is plain wall-time ratio; for sampled ones the outputs differ and per-token
+time keeps the comparison fair.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterator, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from backends.autoregressive import AutoregressiveBackend
+from backends.dspark.backend import DSparkBackend
+from backends.errors import InvalidRequestError
+from backends.local import LocalBackend
+from backends.types import GenerationRequest, GenerationResult
+from classifiers.records import Measurement, Split
+from classifiers.subtasks import Subtask
+
+DEFAULT_MAX_TOKENS = 128
+WARMUP_TOKENS = 8
+
+
+def calibration_request(subtask: Subtask, max_tokens: int, seed: int) -> GenerationRequest:
+    """The subtask as a client sends it (the backend adds the format and tool notes the model expects), its own
+    sampling settings, max_tokens capped."""
+    return GenerationRequest(
+        messages=subtask.messages,
+        response_format=subtask.response_format,
+        tools=subtask.tools,
+        temperature=subtask.temperature,
+        top_p=subtask.top_p,
+        max_tokens=min(subtask.max_tokens, max_tokens),
+        stop=subtask.stop,
+        seed=seed,
+    )
+
+
+def _pool_stats(result: GenerationResult) -> dict[str, float | int | str | bool]:
+    stats = {
+        "wall_time_s": result.stats.wall_time_s,
+        "tokens_per_s": result.stats.tokens_per_s,
+        "completion_tokens": result.usage.completion_tokens,
+        "forward_passes": result.stats.forward_passes,
+        "finish_reason": result.finish_reason,
+    }
+    if result.stats.spans is not None:
+        stats["mean_accepted"] = result.stats.spans.mean_accepted
+    return stats
+
+
+def _per_token_time(result: GenerationResult) -> float:
+    return result.stats.wall_time_s / max(result.usage.completion_tokens, 1)
+
+
+def measure_request(
+    pools: dict[str, LocalBackend], request: GenerationRequest, repeats: int, dspark_first: bool
+) -> tuple[float, dict[str, dict]]:
+    """(speedup, stats by pool) from the fastest of ``repeats`` interleaved runs on each pool."""
+    order = ["dspark", "standard"] if dspark_first else ["standard", "dspark"]
+    best: dict[str, GenerationResult] = {}
+    for _ in range(repeats):
+        for name in order:
+            result = pools[name].complete(request)
+            if name not in best or result.stats.wall_time_s < best[name].stats.wall_time_s:
+                best[name] = result
+    stats = {name: _pool_stats(result) for name, result in best.items()}
+    stats["dspark"]["same_output"] = best["dspark"].token_ids == best["standard"].token_ids
+    return _per_token_time(best["standard"]) / _per_token_time(best["dspark"]), stats
+
+
+def load_pools(model: str, device: str = "auto", dtype: str = "auto") -> dict[str, LocalBackend]:
+    """DSpark with exact verification and the autoregressive backend on the same loaded weights."""
+    dspark = DSparkBackend.from_pretrained(model, device=device, dtype=dtype, verification="exact")
+    return {"dspark": dspark, "standard": AutoregressiveBackend(dspark.loaded)}
+
+
+def measure(
+    pools: dict[str, LocalBackend],
+    subtasks: Sequence[tuple[Subtask, Split]],
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    repeats: int = 1,
+    on_skip: Callable[[Subtask, InvalidRequestError], None] | None = None,
+) -> Iterator[Measurement]:
+    """One measurement per subtask, yielded as it is taken. A subtask the model cannot take (prompt longer than
+    its context) is skipped and handed to ``on_skip``."""
+    warmup = GenerationRequest(messages=[{"role": "user", "content": "Say hello."}], max_tokens=WARMUP_TOKENS)
+    for backend in pools.values():
+        backend.complete(warmup)
+    for index, (subtask, split) in enumerate(subtasks):
+        try:
+            request = calibration_request(subtask, max_tokens, seed=index)
+            speedup, stats = measure_request(pools, request, repeats, dspark_first=index % 2 == 0)
+        except InvalidRequestError as exc:
+            if on_skip is not None:
+                on_skip(subtask, exc)
+            continue
+        yield Measurement(
+            request=subtask.to_request_dict(),
+            speedup=speedup,
+            stats=stats,
+            split=split,
+            kind=subtask.kind,
+            template=subtask.template,
+        )
+
+
+def measure_with_progress(
+    pools: dict[str, LocalBackend],
+    subtasks: Sequence[tuple[Subtask, Split]],
+    max_tokens: int,
+    repeats: int,
+    console: Console,
+) -> Iterator[Measurement]:
+    """:func:`measure` behind a progress bar that shows the running median speedup."""
+    speedups: list[float] = []
+    columns = (
+        TextColumn("[bold]calibrate"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )
+
+    def skip(subtask: Subtask, exc: InvalidRequestError) -> None:
+        console.print(f"[yellow]skipped {subtask.template}: {exc.message}")
+        progress.advance(task)
+
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("measure", total=len(subtasks), note="")
+        for record in measure(pools, subtasks, max_tokens, repeats, on_skip=skip):
+            speedups.append(record.speedup)
+            progress.update(task, advance=1, note=f"median speedup {statistics.median(speedups):.2f}x")
+            yield record
+
+
+def summary_table(records: Sequence[Measurement], margin: float, elapsed_s: float) -> Table:
+    """Per kind: subtasks, DSpark's mean accepted tokens, median speedup, share at or above the margin."""
+    table = Table(title=f"{len(records)} subtasks measured in {elapsed_s:.1f} s")
+    for column in ("kind", "subtasks", "mean accepted", "median speedup", f">= {margin}x"):
+        table.add_column(column, justify="left" if column == "kind" else "right")
+    by_kind: dict[str, list[Measurement]] = {}
+    for record in records:
+        by_kind.setdefault(record.kind or "(unknown)", []).append(record)
+    for kind, group in sorted(by_kind.items()):
+        accepted = [r.stats["dspark"].get("mean_accepted", 0.0) for r in group]
+        table.add_row(
+            kind,
+            str(len(group)),
+            f"{statistics.mean(accepted):.2f}",
+            f"{statistics.median(r.speedup for r in group):.2f}x",
+            f"{sum(r.speedup >= margin for r in group) / len(group):.0%}",
+        )
+    return table

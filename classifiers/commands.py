@@ -1,0 +1,150 @@
+"""The classifier's console subcommands: ``score`` scores a subtask, ``calibrate`` measures and (re)trains.
+
+``score`` shows the classifier alone; ``dspark-router route`` (router/commands.py) shows the whole decision,
+rules and threshold included.
+
+Registered in ``router/cli.py`` through :data:`COMMANDS`, together with the ``bench`` group, whose benchmarks
+live in :mod:`benchmarks`. scikit-learn is imported inside the handlers, so ``--help`` and ``generate`` skip it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from backends.errors import InvalidRequestError
+from benchmarks import add_bench_parser
+from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
+from classifiers.calibrate import DEFAULT_MAX_TOKENS, load_pools, measure_with_progress, summary_table
+from classifiers.corpus import CORPUS_PATH, template_splits
+from classifiers.records import Measurement, read_measurements, write_measurements
+from classifiers.subtasks import read_jsonl
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("score", help="score a subtask: P(DSpark beats the standard pool by the classifier's margin)")
+    given = p.add_mutually_exclusive_group(required=True)
+    given.add_argument("prompt", nargs="?", help="the subtask, sent as one user message")
+    given.add_argument("--request", help="a chat-completions request body: a JSON file, or - for stdin")
+    p.add_argument("--classifier", default=str(DEFAULT_CLASSIFIER), help="classifier file (default: the shipped one)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_score)
+
+
+def _read_request(source: str) -> dict:
+    try:
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
+        request = json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise InvalidRequestError(f"cannot read a JSON request from {source!r}: {exc}", param="request") from None
+    if not isinstance(request, dict):
+        raise InvalidRequestError("the request body must be a JSON object", param="request")
+    return request
+
+
+def _score(args: argparse.Namespace) -> int:
+    from classifiers.model import DeterminismClassifier
+
+    request = _read_request(args.request) if args.request else {"messages": [{"role": "user", "content": args.prompt}]}
+    classifier = DeterminismClassifier.load(args.classifier)
+    score = classifier.score(request)
+    if args.json:
+        print(json.dumps({"score": score, "margin": classifier.margin}))
+    else:
+        print(f"{score:.4f}  P(DSpark speedup >= {classifier.margin}x)")
+    return 0
+
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="measure DSpark's speedup per subtask and train the determinism classifier (or retrain from a log)",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--model", help="DSpark model folder: measure the corpus on it")
+    source.add_argument(
+        "--from-log",
+        metavar="FILE|redis://...",
+        help="retrain from measurement records: a JSONL file, or a Redis stream (redis://host:port/db#stream)",
+    )
+    p.add_argument("--stream", help="Redis stream name for --from-log, when the URL has no #fragment")
+    p.add_argument("--corpus", default=str(CORPUS_PATH), help="subtasks JSONL (default: the shipped corpus)")
+    p.add_argument(
+        "--measurements",
+        default=str(DEFAULT_MEASUREMENTS),
+        help="where to write the measurements, one line per subtask as it is measured (an interrupted run keeps "
+        "what it measured: train on it with --from-log)",
+    )
+    p.add_argument("--out", default=str(DEFAULT_CLASSIFIER), help="where to save the classifier")
+    p.add_argument("--limit", type=int, help="measure only the first N subtasks of the corpus")
+    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each subtask's max_tokens")
+    p.add_argument("--repeats", type=int, default=1, help="runs per subtask and pool; the fastest is kept")
+    p.add_argument(
+        "--margin", type=float, default=DEFAULT_MARGIN, help=f"label: speedup >= margin (default {DEFAULT_MARGIN})"
+    )
+    p.add_argument("--measure-only", action="store_true", help="write the measurements, do not train")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.set_defaults(handler=_calibrate)
+
+
+def _measure(args: argparse.Namespace, console: Console) -> list[Measurement]:
+    if not Path(args.corpus).is_file():
+        raise InvalidRequestError(f"no corpus file at {args.corpus!r}", param="corpus")
+    if (args.limit is not None and args.limit < 1) or args.max_tokens < 1 or args.repeats < 1:
+        raise InvalidRequestError("--limit, --max-tokens and --repeats must be >= 1", param="limit")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    subtasks = read_jsonl(args.corpus)
+    splits = template_splits(subtasks)  # the whole corpus, so --limit keeps a full run's splits
+    chosen = [(subtask, splits[subtask.template]) for subtask in subtasks[: args.limit]]
+    started = time.perf_counter()
+    pools = load_pools(args.model, args.device, args.dtype)
+    records: list[Measurement] = []
+
+    def measured() -> Iterator[Measurement]:
+        for record in measure_with_progress(pools, chosen, args.max_tokens, args.repeats, console):
+            records.append(record)
+            yield record
+
+    path = write_measurements(measured(), args.measurements)
+    console.print(summary_table(records, args.margin, time.perf_counter() - started))
+    console.print(f"measurements written to {path}")
+    return records
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from classifiers.train import train
+
+    console = Console(stderr=True)
+    started = time.perf_counter()
+    if args.from_log and args.measure_only:
+        raise InvalidRequestError("--measure-only needs --model: a log is measured already", param="measure_only")
+    if args.from_log:
+        records, rejected = read_measurements(args.from_log, args.stream)
+        for note in rejected[:5]:
+            console.print(f"[yellow]rejected {note}")
+        unmeasured = sum(record.speedup is None for record in records)
+        console.print(f"{len(records)} records read ({len(rejected)} rejected, {unmeasured} without a speedup)")
+    else:
+        records = _measure(args, console)
+    summary: dict = {"records": len(records), "measurements": None if args.from_log else args.measurements}
+    if not args.measure_only:
+        classifier = train(records, args.margin)
+        summary |= {"classifier": str(classifier.save(args.out)), **classifier.info}
+        console.print(f"classifier saved to {args.out}")
+    summary["elapsed_s"] = round(time.perf_counter() - started, 2)
+    console.print(f"total runtime {summary['elapsed_s']:.1f} s")
+    print(json.dumps(summary))
+    return 0
+
+
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_score, _add_calibrate, add_bench_parser]

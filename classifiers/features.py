@@ -1,0 +1,251 @@
+"""Features of a whole chat-completions request: what its text says and how its answer is constrained.
+
+Whether DSpark's multi-token spans pay off depends on how predictable the answer is, and a request tells that in
+more places than its wording: a JSON schema or a tool list pins the answer's shape, greedy decoding keeps the
+target distribution sharp, a low ``max_tokens`` leaves little time to win back the prefill. So a request becomes
+three blocks of one sparse row:
+
+* hashed word 1-2-grams of the system and last user message (what is asked),
+* hashed character 3-5-grams of the same text (code, identifiers, JSON punctuation, misspellings),
+* a few dozen structure features (:data:`STRUCTURE_FEATURES`), each scaled to about [0, 1].
+
+The text blocks use :class:`~sklearn.feature_extraction.text.HashingVectorizer`'s analysers and hash (signed
+MurmurHash3, ``abs(h) % n_features``, counts, l2 norm per block) but not its ``transform``, whose per-call checks
+cost ~300 µs a call: here one request takes ~0.1-0.3 ms in all, so the router can score every subtask.
+
+Every shape the gateway accepts is handled: messages with ``tool_calls`` and ``content`` None or a list of parts,
+a bare ``prompt``, missing or malformed optional fields. Nothing here raises on a request dict.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Sequence
+from functools import cache, lru_cache
+from itertools import chain, repeat
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.feature_extraction.text import HashingVectorizer
+from sklearn.utils import murmurhash3_32
+
+from backends.constraints.formats import RESPONSE_FORMAT_TYPES
+
+# Long prompts keep their head (the instruction) and tail (the end of the input): bounded time per request.
+TEXT_HEAD_CHARS = 3000
+TEXT_TAIL_CHARS = 1000
+_CODE_WORDS = re.compile(r"\b(?:def|class|return|import|self|lambda|const|function|var)\b")
+_INT_MIN = -(2**31)
+
+
+def _scaled_count(value: float) -> float:
+    """log1p scaled so that counts up to ~1000 land in [0, 1]: comparable to the shares for the linear model."""
+    return math.log1p(max(value, 0.0)) / 7.0
+
+
+def _content_text(content: Any) -> str:
+    """A message's text: a string, or the text parts of a content list; anything else is no text."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"] for part in content if isinstance(part, dict) and isinstance(part.get("text"), str)
+        )
+    return ""
+
+
+def _messages(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The messages, or one user message holding a bare ``prompt``; malformed entries are dropped."""
+    messages = request.get("messages")
+    if isinstance(messages, list):
+        return [m for m in messages if isinstance(m, dict)]
+    prompt = request.get("prompt")
+    return [{"role": "user", "content": prompt}] if isinstance(prompt, str) else []
+
+
+def request_text(request: dict[str, Any]) -> str:
+    """System (and developer) messages plus the last user message: the instruction and the input it applies to."""
+    messages = _messages(request)
+    system = [_content_text(m.get("content")) for m in messages if m.get("role") in ("system", "developer")]
+    users = [_content_text(m.get("content")) for m in messages if m.get("role") == "user"]
+    text = "\n".join([*system, *users[-1:]])
+    if len(text) > TEXT_HEAD_CHARS + TEXT_TAIL_CHARS:
+        text = f"{text[:TEXT_HEAD_CHARS]}\n{text[-TEXT_TAIL_CHARS:]}"
+    return text
+
+
+def _number(value: Any, default: float) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+def _schema_counts(schema: Any) -> tuple[int, int]:
+    """(properties, enums) anywhere in a JSON schema: how much of the answer's shape is fixed."""
+    properties = enums = 0
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if isinstance(node.get("properties"), dict):
+                properties += len(node["properties"])
+            enums += isinstance(node.get("enum"), list)
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return properties, enums
+
+
+def _tool_parameters(tools: list[Any]) -> int:
+    count = 0
+    for tool in tools:
+        function = tool.get("function", tool) if isinstance(tool, dict) else None
+        parameters = function.get("parameters") if isinstance(function, dict) else None
+        properties = parameters.get("properties") if isinstance(parameters, dict) else None
+        count += len(properties) if isinstance(properties, dict) else 0
+    return count
+
+
+_CHAR_CLASSES = {"brace": "{}[]()", "colon": ":;", "quote": "\"'`", "operator": "=_.<>+-*/", "newline": "\n"}
+_CLASS_OF = {c: name for name, chars in _CHAR_CLASSES.items() for c in chars}
+
+
+def _char_shares(text: str) -> dict[str, float]:
+    """Shares of code and data punctuation, digits and capitals: one pass over the distinct characters."""
+    counts = dict.fromkeys([*_CHAR_CLASSES, "digit", "upper"], 0)
+    for char, n in Counter(text).items():
+        name = _CLASS_OF.get(char) or ("digit" if char.isdigit() else "upper" if char.isupper() else None)
+        if name:
+            counts[name] += n
+    return {f"{name}_share": n / len(text) if text else 0.0 for name, n in counts.items()}
+
+
+def structure(request: dict[str, Any], text: str | None = None) -> dict[str, float]:
+    """The structure block by name; ``text`` is :func:`request_text` of the request, when the caller has it."""
+    text = request_text(request) if text is None else text
+    messages = _messages(request)
+    roles = Counter(m.get("role") for m in messages)
+    response_format = request.get("response_format")
+    response_format = response_format if isinstance(response_format, dict) else {}
+    format_type = response_format.get("type") or "none"
+    json_schema = response_format.get("json_schema")
+    schema = json_schema.get("schema") if isinstance(json_schema, dict) else None
+    schema_properties, schema_enums = _schema_counts(schema)
+    tools = request.get("tools")
+    tools = tools if isinstance(tools, list) else []
+    tool_choice = request.get("tool_choice")
+    stop = request.get("stop")
+    stops = (
+        [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str)] if isinstance(stop, list) else []
+    )
+    temperature = min(max(_number(request.get("temperature"), 1.0), 0.0), 2.0)
+    user_text = next((_content_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
+    return {
+        "messages": _scaled_count(len(messages)),
+        "assistant_messages": _scaled_count(roles["assistant"]),
+        "tool_history": float(roles["tool"] > 0 or any(m.get("tool_calls") for m in messages)),
+        "has_system": float(roles["system"] + roles["developer"] > 0),
+        "text_chars": _scaled_count(len(text)),
+        "user_chars": _scaled_count(len(user_text)),
+        "all_chars": _scaled_count(sum(len(_content_text(m.get("content"))) for m in messages)),
+        **{f"format_{name}": float(format_type == name) for name in ("none", *RESPONSE_FORMAT_TYPES)},
+        "schema_properties": _scaled_count(schema_properties),
+        "schema_enums": _scaled_count(schema_enums),
+        "schema_chars": _scaled_count(len(json.dumps(schema, default=str))) if schema is not None else 0.0,
+        "schema_strict": float(isinstance(json_schema, dict) and json_schema.get("strict") is True),
+        "tools": _scaled_count(len(tools)),
+        "tool_parameters": _scaled_count(_tool_parameters(tools)),
+        "tool_choice_forced": float(tool_choice == "required" or isinstance(tool_choice, dict)),
+        # OpenAI's defaults: temperature 1, top_p 1, no max_tokens limit (scored as the backends' 256).
+        "temperature": temperature / 2.0,
+        "greedy": float(temperature == 0.0),
+        "top_p": min(max(_number(request.get("top_p"), 1.0), 0.0), 1.0),
+        "max_tokens": _scaled_count(_number(request.get("max_tokens") or request.get("max_completion_tokens"), 256.0)),
+        "stops": len(stops) / 4.0,
+        "newline_stop": float(any("\n" in s for s in stops)),
+        "code_fences": _scaled_count(text.count("```")),
+        "code_words": _scaled_count(len(_CODE_WORDS.findall(text))),
+        "json_mentioned": float("json" in text.lower()),
+        **_char_shares(text),
+    }
+
+
+STRUCTURE_FEATURES: tuple[str, ...] = tuple(structure({}))
+
+
+@cache
+def _analyzer(analyzer: str, ngram_range: tuple[int, int]) -> Callable[[str], list[str]]:
+    return HashingVectorizer(analyzer=analyzer, ngram_range=ngram_range).build_analyzer()
+
+
+@lru_cache(maxsize=1 << 17)
+def _column(token: str, n_features: int) -> int:
+    """HashingVectorizer's column for a token (see sklearn's _hashing_fast), memoised: most tokens recur."""
+    h = murmurhash3_32(token, seed=0)
+    return (2**31 - 1 - (n_features - 1)) % n_features if h == _INT_MIN else abs(h) % n_features
+
+
+@lru_cache(maxsize=1 << 16)
+def _word_char_columns(word: str, n_features: int, ngram_range: tuple[int, int]) -> tuple[int, ...]:
+    """Columns of one word's char_wb n-grams. char_wb never crosses a word, so a text's char block is the sum of
+    its words' and words recur far more than n-grams are worth recomputing: ~5x faster than per n-gram."""
+    return tuple(_column(gram, n_features) for gram in _analyzer("char_wb", ngram_range)(word))
+
+
+def _normalised(counts: Counter[int], offset: int) -> tuple[list[int], list[float]]:
+    norm = math.hypot(*counts.values()) or 1.0
+    return [offset + i for i in counts], [c / norm for c in counts.values()]
+
+
+class RequestVectorizer(TransformerMixin, BaseEstimator):
+    """Chat-completions request dicts to sparse rows: [word n-grams | char n-grams | structure features].
+
+    Stateless, so ``fit`` learns nothing; its parameters are the whole of what a saved classifier stores.
+    """
+
+    def __init__(
+        self,
+        word_features: int = 2**15,
+        char_features: int = 2**15,
+        word_ngrams: tuple[int, int] = (1, 2),
+        char_ngrams: tuple[int, int] = (3, 5),
+    ) -> None:
+        self.word_features = word_features
+        self.char_features = char_features
+        self.word_ngrams = word_ngrams
+        self.char_ngrams = char_ngrams
+
+    @property
+    def n_features(self) -> int:
+        return self.word_features + self.char_features + len(STRUCTURE_FEATURES)
+
+    def fit(self, requests: Sequence[dict[str, Any]], y: Any = None) -> RequestVectorizer:
+        return self
+
+    def __sklearn_is_fitted__(self) -> bool:
+        return True
+
+    def row(self, request: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """(column indices, values) of one request's row: the one-request path, without building a matrix."""
+        request = request if isinstance(request, dict) else {}
+        text = request_text(request)
+        word_grams = _analyzer("word", tuple(self.word_ngrams))(text)
+        words = _normalised(Counter(map(_column, word_grams, repeat(self.word_features))), 0)
+        char_columns = map(
+            _word_char_columns, text.lower().split(), repeat(self.char_features), repeat(tuple(self.char_ngrams))
+        )
+        chars = _normalised(Counter(chain.from_iterable(char_columns)), self.word_features)
+        shape = list(structure(request, text).values())
+        start = self.word_features + self.char_features
+        indices = [*words[0], *chars[0], *range(start, start + len(shape))]
+        return np.asarray(indices, dtype=np.int64), np.asarray([*words[1], *chars[1], *shape])
+
+    def transform(self, requests: Sequence[dict[str, Any]]) -> sp.csr_matrix:
+        rows = [self.row(request) for request in requests]
+        indptr = np.cumsum([0, *(len(indices) for indices, _ in rows)])
+        indices = np.concatenate([indices for indices, _ in rows]) if rows else np.zeros(0, np.int64)
+        data = np.concatenate([values for _, values in rows]) if rows else np.zeros(0)
+        return sp.csr_matrix((data, indices, indptr), shape=(len(rows), self.n_features))

@@ -1,0 +1,126 @@
+"""The determinism classifier: a fitted scikit-learn Pipeline, its margin, and a lean one-request scoring path.
+
+Files are skops archives, never pickles: loading one runs no code from the file, only rebuilds the types listed
+in :data:`TRUSTED_TYPES` (scikit-learn's own are trusted by skops already). Anything else, a file that is not a
+skops archive, or a skops archive holding something other than a classifier this module wrote, is refused with
+:class:`ClassifierLoadError` before it can be used.
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import skops.io as sio
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline
+
+from backends.errors import ModelLoadError
+from classifiers.features import RequestVectorizer
+
+FORMAT = "dspark-router/determinism-classifier"
+FORMAT_VERSION = 1
+TRUSTED_TYPES = ["classifiers.features.RequestVectorizer"]
+
+
+class ClassifierLoadError(ModelLoadError):
+    """A classifier file that is missing, not a skops archive, holds untrusted types, or holds something else."""
+
+
+def _sigmoid(z: float) -> float:
+    if z >= 0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+class DeterminismClassifier:
+    """P(DSpark's speedup on a request >= ``margin``), from [RequestVectorizer -> LogisticRegression].
+
+    The logistic regression's C is chosen on subtasks of templates it was not fitted on, by log loss (see
+    :mod:`classifiers.train`), so its probabilities are calibrated for new kinds of subtask, not just seen ones.
+    ``score`` skips the Pipeline: one sparse row dotted with the coefficients, tens of µs instead of the
+    Pipeline's per-call validation; ``score_many`` goes through the Pipeline and gives the same numbers.
+    """
+
+    def __init__(self, pipeline: Pipeline, margin: float, info: dict[str, Any] | None = None) -> None:
+        vectorizer, model = (step for _, step in pipeline.steps)
+        if not isinstance(vectorizer, RequestVectorizer) or not isinstance(model, LogisticRegression):
+            raise TypeError("the pipeline must be [RequestVectorizer, LogisticRegression]")
+        if list(model.classes_) != [False, True] or model.coef_.shape != (1, vectorizer.n_features):
+            raise ValueError("the logistic regression must be fitted on boolean labels over the vectorizer's columns")
+        self.pipeline = pipeline
+        self.margin = float(margin)
+        self.info = dict(info or {})
+        self._vectorizer = vectorizer
+        self._coef = np.ascontiguousarray(model.coef_[0], dtype=np.float64)
+        self._intercept = float(model.intercept_[0])
+
+    def score(self, request: dict[str, Any]) -> float:
+        indices, values = self._vectorizer.row(request)
+        return _sigmoid(float(self._coef[indices] @ values) + self._intercept)
+
+    def score_many(self, requests: Iterable[dict[str, Any]]) -> np.ndarray:
+        return self.pipeline.predict_proba(list(requests))[:, 1]
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        state = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "margin": self.margin,
+            "info": self.info,
+            "pipeline": self.pipeline,
+        }
+        # Almost every hashed column is never seen in training, so the coefficients compress ~10x.
+        sio.dump(state, path, compression=zipfile.ZIP_DEFLATED)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> DeterminismClassifier:
+        path = Path(path)
+        if not path.is_file():
+            raise ClassifierLoadError(
+                f"no classifier file at {str(path)!r} (train one with: dspark-router calibrate --model DSPARK_MODEL)",
+                param="classifier",
+            )
+        # A file we did not write can fail to parse in any number of ways; each one means the same: refuse it.
+        try:
+            untrusted = sio.get_untrusted_types(file=path)
+        except Exception as exc:
+            raise ClassifierLoadError(
+                f"{str(path)!r} is not a skops classifier file ({type(exc).__name__}: {exc})", param="classifier"
+            ) from None
+        foreign = sorted(set(untrusted) - set(TRUSTED_TYPES))
+        if foreign:
+            raise ClassifierLoadError(
+                f"{str(path)!r} holds types this project does not trust: {', '.join(foreign)}", param="classifier"
+            )
+        try:
+            state = sio.load(path, trusted=TRUSTED_TYPES)
+        except Exception as exc:
+            raise ClassifierLoadError(
+                f"cannot load {str(path)!r} ({type(exc).__name__}: {exc})", param="classifier"
+            ) from None
+        if not isinstance(state, dict) or state.get("format") != FORMAT:
+            raise ClassifierLoadError(
+                f"{str(path)!r} is a skops file but not a determinism classifier ({type(state).__name__})",
+                param="classifier",
+            )
+        if state.get("version") != FORMAT_VERSION:
+            raise ClassifierLoadError(
+                f"{str(path)!r} has classifier format version {state.get('version')!r}; this code reads "
+                f"{FORMAT_VERSION}: retrain it with dspark-router calibrate",
+                param="classifier",
+            )
+        try:
+            return cls(state["pipeline"], state["margin"], state.get("info"))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ClassifierLoadError(
+                f"{str(path)!r} holds a malformed classifier: {exc}", param="classifier"
+            ) from None

@@ -1,0 +1,267 @@
+"""The router's YAML config: pools, routing policy, decision log; validated up front, every error names its key.
+
+Everything a request can hit at run time (a rule's pool, an overflow or fallback target, a tenant's default) is
+checked against the declared pools at load, so a typo fails the start-up, not the thousandth request.
+Strings may use ``${VAR}`` or ``${VAR:-default}`` to take values (API keys, the demo model path) from the
+environment. Relative model and classifier paths are relative to the config file (for the embedded default:
+the repository).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from backends.types import DSparkOptions
+from router.errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).with_name("default.yaml")
+REPO_ROOT = Path(__file__).resolve().parents[1]
+MODEL_ENV = "DSPARK_ROUTER_MODEL"
+RESERVED_RULE_NAMES = frozenset({"hint", "classifier", "default"})
+POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PoolConfig(_Strict):
+    """One pool of workers over one backend. For local backends each worker is a replica of the model."""
+
+    backend: Literal["dspark", "autoregressive", "litellm"]
+    model: str = Field(min_length=1, description="model folder, or the litellm model name for litellm pools")
+    api_base: str | None = None
+    api_key: str | None = None
+    workers: int = Field(default=1, ge=1, le=64)
+    max_queue: int = Field(default=32, ge=0, le=100_000, description="requests waiting beyond the running ones")
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    timeout_s: float = Field(default=120.0, gt=0)
+    decoding: DSparkOptions | None = None
+
+    @field_validator("api_base", "api_key")
+    @classmethod
+    def _litellm_only(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("backend", "litellm") != "litellm":
+            raise ValueError(f"{info.field_name} applies to litellm pools only")
+        return value
+
+    @field_validator("decoding")
+    @classmethod
+    def _dspark_only(cls, value: DSparkOptions | None, info: ValidationInfo) -> DSparkOptions | None:
+        if value is not None and info.data.get("backend", "dspark") != "dspark":
+            raise ValueError("decoding options apply to dspark pools only")
+        return value
+
+    @property
+    def local(self) -> bool:
+        return self.backend != "litellm"
+
+
+class TemperatureRange(_Strict):
+    """Inclusive bounds."""
+
+    min: float = Field(default=0.0, ge=0.0, le=2.0)
+    max: float = Field(default=2.0, ge=0.0, le=2.0)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TemperatureRange:
+        if self.min > self.max:
+            raise ValueError(f"min ({self.min}) is above max ({self.max})")
+        return self
+
+
+class RuleMatch(_Strict):
+    """Conditions of one rule; all that are given must hold."""
+
+    response_format: list[str] | None = Field(default=None, description="response_format types; 'text' if none")
+    tools: bool | None = Field(default=None, description="whether the request carries tools")
+    temperature: TemperatureRange | None = None
+    prompt_regex: re.Pattern[str] | None = Field(default=None, description="searched in the last user message")
+    tags: list[str] | None = Field(default=None, description="all of these must be in metadata['tags']")
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> RuleMatch:
+        if all(getattr(self, name) is None for name in type(self).model_fields):
+            raise ValueError("a rule needs at least one condition")
+        return self
+
+
+class Rule(_Strict):
+    name: str = Field(min_length=1)
+    pool: str
+    match: RuleMatch
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, value: str) -> str:
+        if value in RESERVED_RULE_NAMES:
+            raise ValueError(f"{value!r} is reserved for the policy's own decisions")
+        return value
+
+
+class TenantOverride(_Strict):
+    """What one tenant changes; its rules run before the global ones."""
+
+    threshold: float | None = Field(default=None, ge=0.0, le=1.0)
+    explore: float | None = Field(default=None, ge=0.0, le=0.5)
+    default_pool: str | None = None
+    rules: list[Rule] = Field(default_factory=list)
+
+
+class PolicyConfig(_Strict):
+    """Where requests go: hint, then rules in order, then the classifier's score, then ``default_pool``."""
+
+    classifier: str | None = "default"
+    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    dspark_pool: str = "dspark"
+    standard_pool: str = "standard"
+    default_pool: str | None = None
+    hints: bool = True
+    rules: list[Rule] = Field(default_factory=list)
+    overflow: dict[str, str] = Field(default_factory=dict, description="pool -> pool to spill to when full")
+    fallback: dict[str, str] = Field(default_factory=dict, description="pool -> pool to retry on error/timeout")
+    explore: float = Field(default=0.0, ge=0.0, le=0.5)
+    seed: int = 0
+    tenants: dict[str, TenantOverride] = Field(default_factory=dict)
+
+
+class LogConfig(_Strict):
+    """Where completed requests are recorded, for ``calibrate --from-log``."""
+
+    jsonl: str | None = None
+    redis_stream: str | None = None
+    redis_maxlen: int = Field(default=100_000, ge=1)
+    include_request: bool = True
+
+
+class RouterConfig(_Strict):
+    pools: dict[str, PoolConfig] = Field(min_length=1)
+    policy: PolicyConfig = Field(default_factory=PolicyConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    redis_url: str | None = None
+
+    @field_validator("pools")
+    @classmethod
+    def _pool_names(cls, pools: dict[str, PoolConfig]) -> dict[str, PoolConfig]:
+        for name in pools:
+            if name == "auto" or not POOL_NAME.match(name):
+                raise ValueError(f"pool name {name!r} must be a word of letters, digits, '_', '-', '.', not 'auto'")
+        return pools
+
+
+def load_config(path: str | Path | None = None, *, check_paths: bool = True) -> RouterConfig:
+    """A YAML file, or with no path the embedded default (two local pools on the demo model).
+
+    ``check_paths`` also requires local model folders to exist, so a wrong path fails here and not at the first
+    request; turn it off to inspect a config whose models are not there (yet).
+    """
+    file = Path(path) if path is not None else DEFAULT_CONFIG
+    base_dir = file.resolve().parent if path is not None else REPO_ROOT
+    source = str(file)
+    try:
+        data = yaml.safe_load(file.read_text())
+    except OSError as exc:
+        raise ConfigError("", f"cannot read the config: {exc.strerror or exc}", source=source) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError("", f"not valid YAML: {exc}", source=source) from exc
+    config = parse_config(data, base_dir=base_dir, source=source)
+    if check_paths:
+        hint = "" if path is not None else f" (train the demo model with `make model`, or set {MODEL_ENV})"
+        for name, pool in config.pools.items():
+            if pool.local and not Path(pool.model).is_dir():
+                raise ConfigError(f"pools.{name}.model", f"{pool.model!r} is not a model folder{hint}", source=source)
+    return config
+
+
+def parse_config(data: Any, *, base_dir: Path, source: str | None = None) -> RouterConfig:
+    """Validate already-parsed YAML/JSON data; relative local paths resolve against ``base_dir``."""
+    if not isinstance(data, dict):
+        raise ConfigError("", "the config must be a mapping with at least 'pools'", source=source)
+    data = _expand_env(data, "", source)
+    try:
+        config = RouterConfig.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        key = ".".join(str(part) for part in first["loc"])
+        raise ConfigError(key, first["msg"].removeprefix("Value error, "), source=source) from None
+    _check_references(config, source)
+    return _resolve_paths(config, base_dir)
+
+
+def _expand_env(value: Any, key: str, source: str | None) -> Any:
+    if isinstance(value, dict):
+        return {k: _expand_env(v, f"{key}.{k}" if key else str(k), source) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(v, f"{key}.{i}", source) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is None:
+            raise ConfigError(
+                key, f"environment variable {name} is not set (write ${{{name}:-default}})", source=source
+            )
+        return default
+
+    return ENV_REFERENCE.sub(substitute, value)
+
+
+def _check_references(config: RouterConfig, source: str | None) -> None:
+    pools = set(config.pools)
+    policy = config.policy
+
+    def check(key: str, name: str | None) -> None:
+        if name is not None and name not in pools:
+            raise ConfigError(key, f"unknown pool {name!r} (pools: {', '.join(sorted(pools))})", source=source)
+
+    exploring = policy.explore > 0 or any(t.explore for t in policy.tenants.values())
+    if policy.classifier is not None or exploring:
+        check("policy.dspark_pool", policy.dspark_pool)
+        check("policy.standard_pool", policy.standard_pool)
+    check("policy.default_pool", policy.default_pool)
+    for kind in ("overflow", "fallback"):
+        for origin, target in getattr(policy, kind).items():
+            check(f"policy.{kind}.{origin}", origin)
+            check(f"policy.{kind}.{origin}", target)
+            if origin == target:
+                raise ConfigError(
+                    f"policy.{kind}.{origin}", "a pool cannot spill or fall back to itself", source=source
+                )
+    for prefix, rules in [("policy.rules", policy.rules)] + [
+        (f"policy.tenants.{tenant}.rules", override.rules) for tenant, override in policy.tenants.items()
+    ]:
+        names: set[str] = set()
+        for i, rule in enumerate(rules):
+            check(f"{prefix}.{i}.pool", rule.pool)
+            if rule.name in names:
+                raise ConfigError(f"{prefix}.{i}.name", f"rule name {rule.name!r} is used twice", source=source)
+            names.add(rule.name)
+    for tenant, override in policy.tenants.items():
+        check(f"policy.tenants.{tenant}.default_pool", override.default_pool)
+    if config.log.redis_stream and not config.redis_url:
+        raise ConfigError("log.redis_stream", "needs redis_url at the top level", source=source)
+
+
+def _resolve_paths(config: RouterConfig, base_dir: Path) -> RouterConfig:
+    pools = {
+        name: pool.model_copy(update={"model": str(base_dir / Path(pool.model).expanduser())}) if pool.local else pool
+        for name, pool in config.pools.items()
+    }
+    policy = config.policy
+    if policy.classifier not in (None, "default"):
+        policy = policy.model_copy(update={"classifier": str(base_dir / Path(policy.classifier).expanduser())})
+    log = config.log
+    if log.jsonl is not None:
+        log = log.model_copy(update={"jsonl": str(base_dir / Path(log.jsonl).expanduser())})
+    return config.model_copy(update={"pools": pools, "policy": policy, "log": log})

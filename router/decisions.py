@@ -1,0 +1,68 @@
+"""What the router decided for a request and what it measured: carried on every result and every log record.
+
+Calibration learns from these records, so a decision says not only where a request ran but why (the rule or the
+classifier score) and whether it ran somewhere other than the policy's choice (explored, spilled, retried).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from backends.types import GenerationResult, StreamChunk, Usage
+
+
+class Decision(BaseModel):
+    pool: str = Field(description="the pool that served (or would serve) the request")
+    policy_pool: str = Field(description="the pool the policy chose, before exploring, spilling or falling back")
+    rule: str = Field(description="the rule that fired, or 'hint', 'classifier', 'default'")
+    reason: str
+    score: float | None = None
+    tenant: str | None = None
+    overflowed: bool = False
+    fell_back: bool = False
+    explored: bool = False
+
+
+class Measured(BaseModel):
+    """Seen from the router: latency and time to first token include the queue wait."""
+
+    latency_s: float
+    ttft_s: float
+    tokens_per_s: float
+    mean_accepted_tokens: float | None = Field(
+        default=None, description="tokens committed per forward pass; 1.0 for plain decoding, None when remote"
+    )
+
+
+class RoutedResult(GenerationResult):
+    request_id: str
+    decision: Decision
+    measured: Measured
+
+
+class RoutedChunk(StreamChunk):
+    """A streamed piece with the decision; the last one carries the whole :class:`RoutedResult`."""
+
+    decision: Decision
+    result: RoutedResult | None = None
+
+
+class RouteRecord(BaseModel):
+    """One line of the decision log: enough to recompute a score and compare the pools later.
+
+    ``request`` and ``stats`` follow ``classifiers.records.Measurement`` (the chat-completions body; backend
+    timings keyed by the pool that ran), so ``calibrate --from-log`` reads the log as it reads measurements.
+    """
+
+    ts: float = Field(default_factory=time.time)
+    request_id: str
+    decision: Decision
+    measured: Measured | None = None
+    stats: dict[str, dict[str, float | int | None]] = Field(default_factory=dict)
+    finish_reason: str | None = None
+    usage: Usage | None = None
+    error: str | None = None
+    request: dict[str, Any] | None = None

@@ -1,0 +1,191 @@
+"""Carry one request through the pools: admit it (spilling a full pool to its overflow target), run it, retry a
+failed attempt once on the fallback pool, then measure, count and log the outcome.
+
+All of it happens in ``submit`` (non-blocking) and in the attempts' done-callbacks, and ends in one
+:class:`~concurrent.futures.Future`: the sync, async and streaming front ends all wait on that same future, so
+spill and fallback behave identically for each. A stream falls back only while it has sent nothing, because a
+retry cannot take back text the caller has already seen.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, InvalidStateError
+
+from backends.errors import DSparkRouterError, InvalidRequestError
+from backends.types import GenerationResult, StreamChunk
+from router.decisions import Decision, Measured, RoutedResult, RouteRecord
+from router.errors import PoolClosedError, QueueFullError, StreamClosed
+from router.metrics import RouterMetrics
+from router.pools import WAIT_GRACE_S, Pool
+from router.records import DecisionLog
+from router.request import RoutedRequest
+
+OnDelta = Callable[[str, Decision], None]
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        pools: dict[str, Pool],
+        overflow: dict[str, str],
+        fallback: dict[str, str],
+        metrics: RouterMetrics,
+        log: DecisionLog,
+    ) -> None:
+        self.pools = pools
+        self.overflow = overflow
+        self.fallback = fallback
+        self.metrics = metrics
+        self.log = log
+
+    def start(self, routed: RoutedRequest, decision: Decision, on_delta: OnDelta | None = None) -> Flight:
+        """Admit the request now (raising :class:`QueueFullError` if nowhere has room) and return its flight."""
+        flight = Flight(self, routed, decision, on_delta)
+        flight.submit()
+        return flight
+
+    def preview(self, decision: Decision) -> Decision:
+        """The decision as admission would leave it right now: spilled if its pool is full and may spill."""
+        target = self.overflow.get(decision.pool)
+        if target is not None and self.pools[decision.pool].full:
+            return spilled(decision, target)
+        return decision
+
+    def budget_s(self, pool: str) -> float:
+        """An upper bound on how long a request first sent to ``pool`` can take, spill and fallback included."""
+        reachable = {pool, self.overflow.get(pool)}
+        reachable |= {self.fallback.get(p) for p in set(reachable)}
+        return sum(self.pools[p].timeout_s for p in reachable if p is not None) + WAIT_GRACE_S
+
+
+def spilled(decision: Decision, target: str) -> Decision:
+    reason = f"{decision.reason}; {decision.pool!r} was full, spilled to {target!r}"
+    return decision.model_copy(update={"pool": target, "overflowed": True, "reason": reason})
+
+
+def retryable(error: BaseException) -> bool:
+    """A pool's failure (load, backend, timeout) may succeed elsewhere; a bad request or a gone consumer not."""
+    return not isinstance(error, InvalidRequestError | StreamClosed)
+
+
+class Flight:
+    """One request on its way through the pools; ``outcome`` resolves with the :class:`RoutedResult` or the error."""
+
+    def __init__(self, dispatcher: Dispatcher, routed: RoutedRequest, decision: Decision, on_delta: OnDelta | None):
+        self.dispatcher = dispatcher
+        self.routed = routed
+        self.decision = decision
+        self.on_delta = on_delta
+        self.budget_s = dispatcher.budget_s(decision.pool)
+        self.outcome: Future[RoutedResult] = Future()
+        self._started = time.perf_counter()
+        self._first_delta_at: float | None = None
+
+    def submit(self) -> None:
+        d = self.dispatcher
+        try:
+            attempt = d.pools[self.decision.pool].submit(self.routed.request, on_chunk=self._on_chunk)
+        except QueueFullError as full:
+            target = d.overflow.get(self.decision.pool)
+            if target is None or self.decision.overflowed:
+                raise
+            d.metrics.overflows.labels(self.decision.pool, target).inc()
+            self.decision = spilled(self.decision, target)
+            try:
+                attempt = d.pools[target].submit(self.routed.request, on_chunk=self._on_chunk)
+            except QueueFullError as also_full:
+                raise QueueFullError(f"{full.message}; {also_full.message}") from None
+        attempt.add_done_callback(self._attempt_done)
+
+    def _on_chunk(self, chunk: StreamChunk) -> None:
+        if not chunk.delta:
+            return
+        if self._first_delta_at is None:
+            self._first_delta_at = time.perf_counter()
+        if self.on_delta is not None:
+            self.on_delta(chunk.delta, self.decision)
+
+    def _attempt_done(self, attempt: Future[GenerationResult]) -> None:
+        """Runs in the worker that finished; whatever happens here must resolve ``outcome``, or a caller would hang."""
+        try:
+            error = PoolClosedError("the pool was closed") if attempt.cancelled() else attempt.exception()
+            if error is None:
+                self._succeed(attempt.result())
+            elif not self._fall_back(error):
+                self._fail(error)
+        except BaseException as exc:
+            self._fail(exc)
+
+    def _fall_back(self, error: BaseException) -> bool:
+        d = self.dispatcher
+        target = d.fallback.get(self.decision.pool)
+        streamed = self.on_delta is not None and self._first_delta_at is not None
+        if target is None or self.decision.fell_back or streamed or not retryable(error):
+            return False
+        d.metrics.failed(self.decision.pool, error)
+        d.metrics.fallbacks.labels(self.decision.pool, target).inc()
+        reason = f"{self.decision.reason}; {self.decision.pool!r} failed ({error}), fell back to {target!r}"
+        self.decision = self.decision.model_copy(update={"pool": target, "fell_back": True, "reason": reason})
+        self._first_delta_at = None
+        try:
+            self.submit()
+        except DSparkRouterError as again:
+            self._fail(again)
+        return True
+
+    def _succeed(self, result: GenerationResult) -> None:
+        now = time.perf_counter()
+        latency = now - self._started
+        kind = self.dispatcher.pools[self.decision.pool].kind
+        measured = Measured(
+            latency_s=latency,
+            ttft_s=(self._first_delta_at or now) - self._started,
+            tokens_per_s=result.stats.tokens_per_s or result.usage.completion_tokens / latency,
+            mean_accepted_tokens=_mean_accepted(result, kind),
+        )
+        routed = RoutedResult(
+            **dict(result), request_id=self.routed.request_id, decision=self.decision, measured=measured
+        )
+        self.dispatcher.metrics.finished(self.decision, measured)
+        stats = {
+            "wall_time_s": result.stats.wall_time_s,
+            "tokens_per_s": measured.tokens_per_s,
+            "completion_tokens": result.usage.completion_tokens,
+            "forward_passes": result.stats.forward_passes,
+            "mean_accepted": measured.mean_accepted_tokens,
+        }
+        self._record(
+            measured=measured, stats={self.decision.pool: stats}, finish_reason=result.finish_reason, usage=result.usage
+        )
+        _resolve(self.outcome, result=routed)
+
+    def _fail(self, error: BaseException) -> None:
+        self.dispatcher.metrics.failed(self.decision.pool, error)
+        self._record(error=f"{type(error).__name__}: {error}")
+        _resolve(self.outcome, error=error)
+
+    def _record(self, **fields: object) -> None:
+        record = RouteRecord(
+            request_id=self.routed.request_id, decision=self.decision, request=self.routed.body, **fields
+        )
+        self.dispatcher.log.write(record)
+
+
+def _mean_accepted(result: GenerationResult, kind: str) -> float | None:
+    if result.stats.spans is not None:
+        return result.stats.spans.mean_accepted
+    return 1.0 if kind == "autoregressive" and result.usage.completion_tokens else None
+
+
+def _resolve(
+    outcome: Future[RoutedResult], *, result: RoutedResult | None = None, error: BaseException | None = None
+) -> None:
+    try:
+        if error is not None:
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(result)
+    except InvalidStateError:
+        pass  # resolved already: a failure while finishing a result that was delivered

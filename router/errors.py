@@ -1,0 +1,47 @@
+"""The router's own typed errors, on the shared :class:`~backends.errors.DSparkRouterError` base.
+
+Each one says what went wrong where a caller (or the gateway, through ``to_openai()``) can act on it: a config
+key to fix, a queue that is full right now, a pool that ran out of time.
+"""
+
+from __future__ import annotations
+
+from backends.errors import BackendError, DSparkRouterError, InvalidRequestError
+
+
+class ConfigError(DSparkRouterError):
+    """An invalid router config; ``param`` is the dotted key path of the offending entry."""
+
+    error_type = "config_error"
+
+    def __init__(self, key: str, message: str, *, source: str | None = None) -> None:
+        where = f"{source}: " if source else ""
+        super().__init__(f"{where}{key}: {message}" if key else f"{where}{message}", param=key or None)
+
+
+class RoutingError(InvalidRequestError):
+    """The policy could not place the request: no rule matched, no classifier, no default pool."""
+
+
+class QueueFullError(DSparkRouterError):
+    """Every pool the request may go to has a full queue; retry later."""
+
+    error_type = "queue_full_error"
+    status_code = 429
+
+
+class PoolTimeoutError(BackendError):
+    """A pool did not finish the request within its ``timeout_s`` (queue wait included)."""
+
+    error_type = "timeout_error"
+    status_code = 504
+
+
+class PoolClosedError(BackendError):
+    """A request reached a pool after :meth:`Router.close`."""
+
+
+class StreamClosed(DSparkRouterError):
+    """The consumer of a stream went away; raised inside the worker to stop decoding early."""
+
+    error_type = "stream_closed"

@@ -1,0 +1,85 @@
+"""Prometheus metrics of one router, in a registry of its own (never the process-global one), so two routers in
+one process (or two tests) never share counts and the gateway can expose exactly its router's numbers."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from router.decisions import Decision, Measured
+from router.pools import Pool
+
+TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.decisions = Counter("dspark_router_decisions", "Routing decisions", ["pool", "rule"], registry=r)
+        self.explored = Counter(
+            "dspark_router_explored", "Requests sent to the other pool to explore", ["pool"], registry=r
+        )
+        self.score = Histogram(
+            "dspark_router_classifier_score",
+            "Classifier scores",
+            buckets=tuple(i / 10 for i in range(1, 11)),
+            registry=r,
+        )
+        self.accepted = Histogram(
+            "dspark_router_mean_accepted_tokens",
+            "Tokens committed per forward pass, per request",
+            ["pool"],
+            buckets=(1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 6.0, 8.0),
+            registry=r,
+        )
+        self.tokens_per_s = Histogram(
+            "dspark_router_tokens_per_second",
+            "Completion tokens per second, per request",
+            ["pool"],
+            buckets=(1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500),
+            registry=r,
+        )
+        self.latency = Histogram(
+            "dspark_router_latency_seconds", "End-to-end latency", ["pool"], buckets=TIME_BUCKETS, registry=r
+        )
+        self.ttft = Histogram(
+            "dspark_router_time_to_first_token_seconds",
+            "Time to first token",
+            ["pool"],
+            buckets=TIME_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("dspark_router_queue_depth", "Requests queued or running", ["pool"], registry=r)
+        self.overflows = Counter(
+            "dspark_router_overflows", "Requests spilled from a full pool", ["from_pool", "to_pool"], registry=r
+        )
+        self.fallbacks = Counter(
+            "dspark_router_fallbacks", "Requests retried on another pool", ["from_pool", "to_pool"], registry=r
+        )
+        self.errors = Counter("dspark_router_errors", "Requests that failed", ["pool", "type"], registry=r)
+
+    def watch(self, pools: dict[str, Pool]) -> None:
+        """Queue depth is read from the pools at scrape time, so it is never stale."""
+        for name, pool in pools.items():
+            self.queue_depth.labels(name).set_function(lambda pool=pool: pool.depth)
+
+    def decided(self, decision: Decision) -> None:
+        self.decisions.labels(decision.pool, decision.rule).inc()
+        if decision.score is not None:
+            self.score.observe(decision.score)
+        if decision.explored:
+            self.explored.labels(decision.pool).inc()
+
+    def finished(self, decision: Decision, measured: Measured) -> None:
+        pool = decision.pool
+        self.latency.labels(pool).observe(measured.latency_s)
+        self.ttft.labels(pool).observe(measured.ttft_s)
+        self.tokens_per_s.labels(pool).observe(measured.tokens_per_s)
+        if measured.mean_accepted_tokens is not None:
+            self.accepted.labels(pool).observe(measured.mean_accepted_tokens)
+
+    def failed(self, pool: str, error: BaseException) -> None:
+        self.errors.labels(pool, getattr(error, "error_type", type(error).__name__)).inc()
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()

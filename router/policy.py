@@ -1,0 +1,95 @@
+"""The routing policy: which pool a request should go to, and why.
+
+Order of precedence: an explicit route hint, then the tenant's rules and the global rules in order (first match
+wins), then the classifier's score against the threshold, then ``default_pool``. Only the last two are learned or
+arbitrary, so only they are explored: a seeded share goes to the other pool, so both pools keep being measured on
+the traffic the classifier decides and calibration never runs out of counterfactuals.
+Queue load is not decided here; the dispatcher spills a full pool to its overflow target at admission.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from typing import TYPE_CHECKING, Any
+
+from router.config import PolicyConfig, Rule, RuleMatch, TenantOverride
+from router.decisions import Decision
+from router.errors import RoutingError
+from router.request import RoutedRequest
+
+if TYPE_CHECKING:
+    from classifiers import Scorer
+
+
+def rule_matches(match: RuleMatch, routed: RoutedRequest) -> bool:
+    request = routed.request
+    checks = (
+        match.response_format is None or routed.response_format_type in match.response_format,
+        match.tools is None or routed.has_tools == match.tools,
+        match.temperature is None or match.temperature.min <= request.temperature <= match.temperature.max,
+        match.prompt_regex is None or match.prompt_regex.search(routed.last_user_text) is not None,
+        match.tags is None or set(match.tags) <= routed.tags,
+    )
+    return all(checks)
+
+
+class Policy:
+    def __init__(self, config: PolicyConfig, scorer: Scorer | None) -> None:
+        self.config = config
+        self.scorer = scorer
+        self._rng = random.Random(config.seed)
+        self._rng_lock = threading.Lock()
+
+    def decide(self, routed: RoutedRequest) -> Decision:
+        config, tenant = self.config, routed.tenant
+        override = config.tenants.get(tenant) if tenant else None
+
+        def decision(pool: str, rule: str, reason: str, score: float | None = None) -> Decision:
+            return Decision(pool=pool, policy_pool=pool, rule=rule, reason=reason, score=score, tenant=tenant)
+
+        if config.hints and routed.hint is not None:
+            return decision(routed.hint, "hint", f"route hint names {routed.hint!r}")
+        rules: list[Rule] = [*(override.rules if override else []), *config.rules]
+        for rule in rules:
+            if rule_matches(rule.match, routed):
+                return decision(rule.pool, rule.name, f"rule {rule.name!r} matched")
+        if self.scorer is not None:
+            score, threshold = self._score(routed), self._setting(override, "threshold")
+            above = score >= threshold
+            reason = f"score {score:.3f} {'>=' if above else '<'} threshold {threshold:.3f}"
+            chosen = decision(config.dspark_pool if above else config.standard_pool, "classifier", reason, score)
+        else:
+            default = self._setting(override, "default_pool")
+            if default is None:
+                raise RoutingError("no rule matched, no classifier is loaded and policy.default_pool is not set")
+            chosen = decision(default, "default", "no rule matched and no classifier: default pool")
+        return self._explore(chosen, self._setting(override, "explore"))
+
+    def _setting(self, override: TenantOverride | None, name: str) -> Any:
+        """The tenant's value where it sets one, else the policy's."""
+        value = getattr(override, name) if override is not None else None
+        return getattr(self.config, name) if value is None else value
+
+    def _score(self, routed: RoutedRequest) -> float:
+        score = self.scorer.score(routed.body)
+        try:
+            value = float(score)
+        except (TypeError, ValueError):
+            value = math.nan
+        if not 0.0 <= value <= 1.0:
+            raise RoutingError(f"the classifier returned {score!r}; a score must be a number in [0, 1]")
+        return value
+
+    def _explore(self, chosen: Decision, share: float) -> Decision:
+        pools = (self.config.dspark_pool, self.config.standard_pool)
+        if share <= 0 or chosen.pool not in pools:
+            return chosen
+        with self._rng_lock:
+            explore = self._rng.random() < share
+        if not explore:
+            return chosen
+        other = pools[1] if chosen.pool == pools[0] else pools[0]
+        reason = f"{chosen.reason}; explored {other!r} (share {share:.2f})"
+        return chosen.model_copy(update={"pool": other, "explored": True, "reason": reason})

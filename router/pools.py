@@ -1,0 +1,220 @@
+"""Worker pools: a bounded queue and a fixed number of workers in front of one kind of backend.
+
+:class:`Pool` is the seam the router talks to: ``submit`` admits a request or refuses it at once (never blocks,
+so a full pool can be spilled elsewhere), and ``depth``/``capacity`` say how loaded it is. ``complete`` and
+``stream`` are built on ``submit`` here, once, so another implementation (a Redis-distributed pool) only has to
+provide ``submit``, ``depth``, ``capacity`` and ``close``.
+
+:class:`InProcessPool` runs its workers as threads. A local backend is not safe to share between threads, so
+each worker gets its own replica of the model, loaded on first use: start-up stays fast, dry-run routing never
+loads a model, and a model that cannot load fails the requests that need it (and can fall back) rather than
+the whole router. Workers consume the backend's stream even for plain completions, which lets them enforce the
+pool's timeout between forward passes and stop decoding the moment a stream's consumer goes away.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import TypeVar
+
+from backends.errors import BackendError, DSparkRouterError, ModelLoadError
+from backends.protocol import Backend
+from backends.types import GenerationRequest, GenerationResult, StreamChunk
+from router.config import PoolConfig
+from router.errors import PoolClosedError, PoolTimeoutError, QueueFullError
+from router.feeds import Feed
+
+OnChunk = Callable[[StreamChunk], None]
+T = TypeVar("T")
+WAIT_GRACE_S = 5.0
+
+
+class Pool(ABC):
+    name: str
+    kind: str
+    timeout_s: float
+
+    @abstractmethod
+    def submit(self, request: GenerationRequest, on_chunk: OnChunk | None = None) -> Future[GenerationResult]:
+        """Admit the request or raise :class:`QueueFullError` at once. ``on_chunk`` sees every chunk as it is made,
+        in a worker; if it raises, generation stops and the future fails with that exception."""
+
+    @property
+    @abstractmethod
+    def depth(self) -> int:
+        """Requests admitted and not finished: queued plus running."""
+
+    @property
+    @abstractmethod
+    def capacity(self) -> int:
+        """The depth at which ``submit`` refuses."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Refuse new requests and drop queued ones; running ones finish on their own."""
+
+    def warmup(self) -> None:  # noqa: B027 - optional: pools with nothing to preload keep this no-op
+        """Load what can be loaded before the first request, so its latency is not the model's load time."""
+
+    @property
+    def full(self) -> bool:
+        return self.depth >= self.capacity
+
+    def complete(self, request: GenerationRequest) -> GenerationResult:
+        return wait_result(self.submit(request), self.timeout_s + WAIT_GRACE_S, f"pool {self.name!r}")
+
+    def stream(self, request: GenerationRequest) -> Iterator[StreamChunk]:
+        """Chunks as the worker makes them; leaving the loop early stops the generation."""
+        feed: Feed[StreamChunk] = Feed()
+        future = self.submit(request, on_chunk=feed.put)
+        yield from feed.drain(future, self.timeout_s + WAIT_GRACE_S, f"pool {self.name!r}")
+
+
+def wait_result(future: Future[T], timeout_s: float, source: str) -> T:
+    """The future's result, or :class:`PoolTimeoutError` if even the worker's own deadline did not end it."""
+    try:
+        return future.result(timeout=timeout_s)
+    except FutureTimeout:  # not yet the builtin TimeoutError on Python 3.10
+        raise PoolTimeoutError(f"{source} gave no answer within {timeout_s:g}s") from None
+
+
+class InProcessPool(Pool):
+    def __init__(
+        self,
+        name: str,
+        kind: str,
+        load_backend: Callable[[], Backend],
+        *,
+        workers: int = 1,
+        max_queue: int = 32,
+        timeout_s: float = 120.0,
+    ) -> None:
+        self.name, self.kind, self.timeout_s = name, kind, timeout_s
+        self.workers = workers
+        self._load_backend = load_backend
+        self._capacity = workers + max_queue
+        self._depth = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        self._replicas: queue.SimpleQueue[Backend | None] = queue.SimpleQueue()
+        for _ in range(workers):
+            self._replicas.put(None)
+        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"pool-{name}")
+
+    @classmethod
+    def from_config(cls, name: str, config: PoolConfig) -> InProcessPool:
+        return cls(
+            name,
+            config.backend,
+            lambda: load_backend(config),
+            workers=config.workers,
+            max_queue=config.max_queue,
+            timeout_s=config.timeout_s,
+        )
+
+    @property
+    def depth(self) -> int:
+        return self._depth
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def submit(self, request: GenerationRequest, on_chunk: OnChunk | None = None) -> Future[GenerationResult]:
+        with self._lock:
+            if self._closed:
+                raise PoolClosedError(f"pool {self.name!r} is closed")
+            if self._depth >= self._capacity:
+                raise QueueFullError(f"pool {self.name!r} is full ({self._depth} of {self._capacity} admitted)")
+            self._depth += 1
+            future = self._executor.submit(self._run, request, on_chunk, time.monotonic() + self.timeout_s)
+        future.add_done_callback(self._release)
+        return future
+
+    def warmup(self) -> None:
+        held = [self._replicas.get() for _ in range(self.workers)]
+        try:
+            for i, backend in enumerate(held):
+                held[i] = backend or self._load()
+        finally:
+            for backend in held:
+                self._replicas.put(backend)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _release(self, _: Future[GenerationResult]) -> None:
+        with self._lock:
+            self._depth -= 1
+
+    def _load(self) -> Backend:
+        try:
+            return self._load_backend()
+        except DSparkRouterError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(f"pool {self.name!r} cannot load its backend: {exc}", param="model") from exc
+
+    def _run(self, request: GenerationRequest, on_chunk: OnChunk | None, deadline: float) -> GenerationResult:
+        if time.monotonic() >= deadline:
+            raise PoolTimeoutError(f"pool {self.name!r}: spent its {self.timeout_s:g}s timeout in the queue")
+        backend = self._replicas.get()
+        try:
+            backend = backend or self._load()
+            return self._generate(backend, request, on_chunk, deadline)
+        finally:
+            self._replicas.put(backend)
+
+    def _generate(
+        self, backend: Backend, request: GenerationRequest, on_chunk: OnChunk | None, deadline: float
+    ) -> GenerationResult:
+        chunks = backend.stream(request)
+        try:
+            while True:
+                chunk = self._next(chunks)
+                if chunk.result is None and time.monotonic() >= deadline:
+                    raise PoolTimeoutError(f"pool {self.name!r} did not finish within {self.timeout_s:g}s")
+                if on_chunk is not None:
+                    on_chunk(chunk)
+                if chunk.result is not None:
+                    return chunk.result
+        finally:
+            chunks.close()
+
+    def _next(self, chunks: Iterator[StreamChunk]) -> StreamChunk:
+        """The backend's next chunk; its failures become typed errors, so only this request fails."""
+        try:
+            return next(chunks)
+        except StopIteration:
+            raise BackendError(f"pool {self.name!r}: the backend's stream ended without a result") from None
+        except DSparkRouterError:
+            raise
+        except Exception as exc:
+            raise BackendError(f"pool {self.name!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def load_backend(config: PoolConfig) -> Backend:
+    """A fresh backend for one worker; torch and litellm are imported only for the pools that need them."""
+    if config.backend == "autoregressive":
+        from backends.autoregressive import AutoregressiveBackend
+
+        return AutoregressiveBackend.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+    if config.backend == "dspark":
+        from backends.dspark import DSparkBackend, SpanPolicy
+
+        backend = DSparkBackend.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+        if config.decoding is None:
+            return backend
+        heads = backend.model.dspark_config.num_heads
+        return DSparkBackend(backend.model, SpanPolicy.resolve(backend.policy, config.decoding, heads))
+    from router.litellm_backend import LiteLLMBackend
+
+    return LiteLLMBackend(config.model, api_base=config.api_base, api_key=config.api_key, timeout_s=config.timeout_s)

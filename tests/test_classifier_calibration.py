@@ -1,0 +1,109 @@
+"""Calibration end to end on a tiny random DSpark model: measure, retrain from the log, score, bench.
+
+The tiny model's speedups mean nothing, so the margin is set from them to give both labels: these tests check
+that the pipeline runs and its outputs hang together, not what it learns.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from classifiers.model import DeterminismClassifier
+from classifiers.records import read_measurements
+from classifiers.subtasks import generate_subtasks, write_jsonl
+from router.cli import main
+from tests.test_dspark import perturbed_heads_model
+
+# Two kinds of short prompts (the tiny model's context is 512 tokens), three templates each: split_by_template
+# puts one template of each kind in train, one in val and one in test.
+TEMPLATES = (
+    "classification/sentiment_v1",
+    "classification/spam_v1",
+    "classification/urgency_v1",
+    "open_chat/opinion_v1",
+    "open_chat/smalltalk_v1",
+    "open_chat/weekend_v1",
+)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny_model_paths, tmp_path_factory):
+    root = tmp_path_factory.mktemp("calibration")
+    model = root / "tiny-dspark"
+    perturbed_heads_model(tiny_model_paths["llama"]).save(model)
+    corpus = write_jsonl(
+        [generate_subtasks(1, seed=i, templates=[t])[0] for i, t in enumerate(TEMPLATES)], root / "c.jsonl"
+    )
+    measurements = root / "measurements.jsonl"
+    args = ["--model", str(model), "--corpus", str(corpus), "--measurements", str(measurements)]
+    assert main(["calibrate", *args, "--max-tokens", "8", "--measure-only"]) == 0
+    return root, measurements
+
+
+@pytest.fixture(scope="module")
+def trained(calibrated):
+    root, measurements = calibrated
+    records, _ = read_measurements(measurements)
+    margin = max(record.speedup for record in records if record.split == "train")
+    out = root / "classifier.skops"
+    assert main(["calibrate", "--from-log", str(measurements), "--margin", repr(margin), "--out", str(out)]) == 0
+    return out, margin
+
+
+def test_measurements_hold_both_pools_for_every_subtask(calibrated):
+    _, measurements = calibrated
+    records, rejected = read_measurements(measurements)
+    assert not rejected and len(records) == len(TEMPLATES)
+    assert sorted(record.template for record in records) == sorted(TEMPLATES)
+    assert sorted(record.split for record in records) == ["test", "test", "train", "train", "val", "val"]
+    for record in records:
+        dspark, standard = record.stats["dspark"], record.stats["standard"]
+        assert record.speedup > 0 and dspark["mean_accepted"] >= 1.0
+        assert standard["completion_tokens"] <= 8 and dspark["completion_tokens"] <= 8
+        assert standard["wall_time_s"] > 0 and dspark["wall_time_s"] > 0
+        assert isinstance(dspark["same_output"], bool)
+        assert record.request["max_tokens"] >= 8  # the subtask's own request is logged, not the capped one
+
+
+def test_retraining_from_the_log_saves_a_classifier(trained):
+    out, margin = trained
+    classifier = DeterminismClassifier.load(out)
+    assert classifier.margin == margin
+    assert (classifier.info["train_subtasks"], classifier.info["val_subtasks"]) == (2, 2)
+
+
+def test_score_prints_the_score(trained, tmp_path, capsys):
+    out, margin = trained
+    request = tmp_path / "request.json"
+    request.write_text(json.dumps({"messages": [{"role": "user", "content": "Return JSON."}], "temperature": 0}))
+    capsys.readouterr()
+    assert main(["score", "--request", str(request), "--json", "--classifier", str(out)]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert 0.0 <= printed["score"] <= 1.0 and printed["margin"] == margin
+    assert main(["score", "What do you think about rain?", "--classifier", str(out)]) == 0
+    assert f"P(DSpark speedup >= {margin}x)" in capsys.readouterr().out
+
+
+def test_bench_route_reports_the_metrics(calibrated, trained, tmp_path):
+    _, measurements = calibrated
+    out, _ = trained
+    report_path, plot_path = tmp_path / "route.json", tmp_path / "route.png"
+    args = ["--measurements", str(measurements), "--classifier", str(out), "--latency-calls", "50"]
+    assert main(["bench", "route", *args, "--json", str(report_path), "--plot", str(plot_path)]) == 0
+    report = json.loads(report_path.read_text())
+    assert report["subtasks"] == 2 and report["split"] == "test"
+    for key in ("auroc", "oracle_gain_ratio", "all_dspark_gain_ratio", "all_standard_gain_ratio", "p50_us", "p99_us"):
+        assert key in report
+    assert 0 < report["p50_us"] <= report["p99_us"]
+    assert plot_path.stat().st_size > 1000
+
+
+def test_one_label_only_is_a_clear_error(calibrated, tmp_path, capsys):
+    _, measurements = calibrated
+    args = ["calibrate", "--from-log", str(measurements), "--margin", "1e9", "--out", str(tmp_path / "c.skops")]
+    assert main(args) == 2
+    error = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["error"]
+    assert error["param"] == "margin" and "below the margin" in error["message"]
+    assert not (tmp_path / "c.skops").exists()

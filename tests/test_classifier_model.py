@@ -1,0 +1,168 @@
+"""The determinism classifier: training, scoring, skops round trips, refusal of files it did not write.
+
+Speedups here are made up from each subtask's kind (a test of the pipeline, never shipped): measured ones come
+from ``dspark-router calibrate`` and are tested end to end in test_classifier_calibration.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import zipfile
+
+import numpy as np
+import pytest
+import skops.io as sio
+from sklearn.linear_model import LogisticRegression
+
+import classifiers
+from backends.errors import ModelLoadError
+from classifiers import Scorer
+from classifiers.corpus import CORPUS_PATH, build_corpus, template_splits
+from classifiers.model import FORMAT, ClassifierLoadError, DeterminismClassifier
+from classifiers.records import Measurement
+from classifiers.subtasks import generate_subtasks, read_jsonl
+from classifiers.train import TrainingError, train
+from tests.test_classifier_features import REQUEST_SHAPES
+
+
+def made_up_speedup(kind: str, temperature: float, jitter: float) -> float:
+    fast = kind in ("json_extraction", "tool_call_arguments", "code_completion", "code_edit") and temperature == 0
+    return (1.8 if fast else 0.9) * jitter
+
+
+@pytest.fixture(scope="module")
+def records() -> list[Measurement]:
+    subtasks = generate_subtasks(132, seed=11)
+    splits = template_splits(subtasks)
+    jitter = np.random.default_rng(0).uniform(0.9, 1.1, len(subtasks))
+    return [
+        Measurement(
+            request=subtask.to_request_dict(),
+            speedup=made_up_speedup(subtask.kind, subtask.temperature, j),
+            split=splits[subtask.template],
+            kind=subtask.kind,
+        )
+        for subtask, j in zip(subtasks, jitter)
+    ]
+
+
+@pytest.fixture(scope="module")
+def classifier(records) -> DeterminismClassifier:
+    return train(records)
+
+
+@pytest.fixture(scope="module")
+def saved(classifier, tmp_path_factory):
+    return classifier.save(tmp_path_factory.mktemp("classifier") / "c.skops")
+
+
+def test_scores_are_probabilities_and_match_the_pipeline(classifier, records):
+    requests = [record.request for record in records] + list(REQUEST_SHAPES.values())
+    one_by_one = np.array([classifier.score(request) for request in requests])
+    assert ((one_by_one >= 0) & (one_by_one <= 1)).all()
+    assert np.allclose(one_by_one, classifier.score_many(requests), atol=1e-12)
+    assert isinstance(classifier, Scorer)
+
+
+def test_held_out_templates_rank_by_the_learnt_signal(classifier, records):
+    test = [record for record in records if record.split == "test"]
+    scores = classifier.score_many(record.request for record in test)
+    fast = np.array([record.speedup >= classifier.margin for record in test])
+    assert scores[fast].mean() > scores[~fast].mean() + 0.2
+
+
+def test_training_records_its_choices(classifier, records):
+    info = classifier.info
+    assert info["C"] > 0 and info["val_log_loss"] is not None
+    assert info["train_subtasks"] + info["val_subtasks"] + info["held_out_test_subtasks"] == len(records)
+    assert classifier.margin == classifiers.DEFAULT_MARGIN
+
+
+def test_unmeasured_records_are_left_out_and_one_class_is_refused(records):
+    unmeasured = [record.model_copy(update={"speedup": None}) for record in records[:5]]
+    assert train(records + unmeasured).info == train(records).info
+    with pytest.raises(TrainingError, match=r"all \d+ measured train-split subtasks are below the margin 100\.0x"):
+        train(records, margin=100.0)
+
+
+def test_save_load_round_trip(classifier, saved, records):
+    loaded = DeterminismClassifier.load(saved)
+    requests = [record.request for record in records[:20]]
+    assert np.array_equal(loaded.score_many(requests), classifier.score_many(requests))
+    assert loaded.margin == classifier.margin and loaded.info == classifier.info
+
+
+class Foreign:
+    """A type the loader was never told to trust."""
+
+    def __init__(self) -> None:
+        self.payload = [1, 2, 3]
+
+
+def _write_random_bytes(path, classifier):
+    path.write_bytes(os.urandom(2048))
+
+
+def _write_pickle(path, classifier):
+    path.write_bytes(pickle.dumps(classifier.pipeline))
+
+
+def _write_skops_estimator(path, classifier):
+    sio.dump(LogisticRegression(), path)
+
+
+def _write_untrusted_type(path, classifier):
+    sio.dump({"format": FORMAT, "version": 1, "margin": 1.15, "pipeline": Foreign()}, path)
+
+
+def _write_other_version(path, classifier):
+    sio.dump({"format": FORMAT, "version": 99, "margin": 1.15, "pipeline": classifier.pipeline}, path)
+
+
+def _write_wrong_pipeline(path, classifier):
+    sio.dump({"format": FORMAT, "version": 1, "margin": 1.15, "pipeline": LogisticRegression()}, path)
+
+
+def _write_empty_zip(path, classifier):
+    with zipfile.ZipFile(path, "w"):
+        pass
+
+
+@pytest.mark.parametrize(
+    ("write", "message"),
+    [
+        (_write_random_bytes, "not a skops classifier file"),
+        (_write_pickle, "not a skops classifier file"),
+        (_write_empty_zip, "not a skops classifier file"),
+        (_write_skops_estimator, "not a determinism classifier"),
+        (_write_untrusted_type, r"does not trust: \S*Foreign"),
+        (_write_other_version, "format version 99"),
+        (_write_wrong_pipeline, "malformed classifier"),
+    ],
+)
+def test_foreign_or_malformed_files_are_refused(write, message, classifier, tmp_path):
+    path = tmp_path / "bad.skops"
+    write(path, classifier)
+    with pytest.raises(ClassifierLoadError, match=message) as raised:
+        DeterminismClassifier.load(path)
+    assert isinstance(raised.value, ModelLoadError)
+    assert raised.value.to_openai()["error"]["param"] == "classifier"
+
+
+def test_a_missing_file_names_the_command_that_makes_one(tmp_path):
+    with pytest.raises(ClassifierLoadError, match="dspark-router calibrate"):
+        DeterminismClassifier.load(tmp_path / "missing.skops")
+
+
+def test_the_shipped_corpus_is_reproducible():
+    assert [dataclasses.asdict(s) for s in read_jsonl(CORPUS_PATH)] == [dataclasses.asdict(s) for s in build_corpus()]
+    assert set(template_splits(read_jsonl(CORPUS_PATH)).values()) == {"train", "val", "test"}
+
+
+def test_the_shipped_classifier_loads_and_scores():
+    """Fails until classifiers/data/default.skops is trained on dspark-mini by ``dspark-router calibrate``."""
+    shipped = classifiers.load_default()
+    for request in [*REQUEST_SHAPES.values(), *(s.to_request_dict() for s in read_jsonl(CORPUS_PATH)[:50])]:
+        assert 0.0 <= shipped.score(request) <= 1.0

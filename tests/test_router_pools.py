@@ -1,0 +1,137 @@
+"""In-process worker pools: bounded admission, streaming, timeouts, and failures that stay with their request."""
+
+# ruff: noqa: F811 - the shared fixtures are imported by name and then requested as arguments
+
+from __future__ import annotations
+
+import threading
+import time
+from contextlib import contextmanager
+
+import pytest
+
+from backends.errors import InvalidRequestError, ModelLoadError
+from backends.types import GenerationRequest
+from router.config import PoolConfig
+from router.errors import PoolClosedError, PoolTimeoutError, QueueFullError
+from router.pools import InProcessPool, Pool
+from tests.test_router_support import MESSAGES, router_models  # noqa: F401
+
+TOO_LONG = [{"role": "user", "content": "word " * 600}]  # past the tiny model's 512-token context
+
+
+def request(max_tokens: int = 6, messages=MESSAGES) -> GenerationRequest:
+    return GenerationRequest(messages=messages, max_tokens=max_tokens)
+
+
+def make_pool(path, *, backend="autoregressive", workers=1, max_queue=1, timeout_s=30.0) -> InProcessPool:
+    config = PoolConfig(backend=backend, model=str(path), workers=workers, max_queue=max_queue, timeout_s=timeout_s)
+    return InProcessPool.from_config("p", config)
+
+
+@contextmanager
+def saturated(pool: Pool):
+    """Fill the pool to capacity with requests whose chunks wait on a gate, so it stays full until released."""
+    gate = threading.Event()
+    held = [pool.submit(request(), on_chunk=lambda _: gate.wait(10)) for _ in range(pool.capacity)]
+    try:
+        yield
+    finally:
+        gate.set()
+        for future in held:
+            future.result(timeout=30)
+
+
+@pytest.fixture
+def pool(router_models):
+    pool = make_pool(router_models["standard"])
+    yield pool
+    pool.close()
+
+
+def test_a_full_pool_refuses_at_once_and_recovers(pool):
+    assert (pool.depth, pool.capacity) == (0, 2)
+    with saturated(pool):
+        assert pool.full and pool.depth == 2
+        started = time.monotonic()
+        with pytest.raises(QueueFullError, match="full"):
+            pool.submit(request())
+        assert time.monotonic() - started < 0.5
+    assert pool.depth == 0
+    assert pool.complete(request()).usage.completion_tokens > 0
+
+
+def test_stream_ends_with_the_full_result(pool):
+    chunks = list(pool.stream(request(max_tokens=8)))
+    result = chunks[-1].result
+    assert result is not None and all(c.result is None for c in chunks[:-1])
+    assert "".join(c.delta for c in chunks) == result.text
+    assert result == pool.complete(request(max_tokens=8)).model_copy(update={"stats": result.stats})
+
+
+def test_leaving_a_stream_early_frees_the_worker(pool):
+    for _ in pool.stream(request(max_tokens=400)):
+        break
+    deadline = time.monotonic() + 10
+    while pool.depth and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.depth == 0
+
+
+def test_a_worker_failure_fails_only_its_request(pool):
+    bad, good = pool.submit(request(messages=TOO_LONG)), pool.submit(request())
+    with pytest.raises(InvalidRequestError, match="context"):
+        bad.result(timeout=30)
+    assert good.result(timeout=30).usage.completion_tokens > 0
+    assert pool.complete(request()).finish_reason in ("length", "eos")
+
+
+def test_timeout_ends_generation_between_forward_passes(router_models):
+    pool = make_pool(router_models["standard"], timeout_s=0.01)
+    started = time.monotonic()
+    with pytest.raises(PoolTimeoutError, match=r"0\.01s"):
+        pool.complete(request(max_tokens=400))
+    assert time.monotonic() - started < 10
+    pool.close()
+
+
+def test_missing_model_is_a_load_error_per_request(tmp_path):
+    pool = make_pool(tmp_path / "gone")
+    for _ in range(2):
+        with pytest.raises(ModelLoadError):
+            pool.complete(request())
+    assert pool.depth == 0
+    pool.close()
+
+
+def test_workers_run_at_the_same_time_on_their_own_replicas(router_models):
+    """Both requests must be inside generation at once to pass the barrier: one shared model would serialise them."""
+    pool = make_pool(router_models["dspark"], backend="dspark", workers=2, max_queue=0)
+    barrier = threading.Barrier(2, timeout=20)
+    met: set[int] = set()
+
+    def meet_once(_) -> None:
+        if threading.get_ident() not in met:
+            met.add(threading.get_ident())
+            barrier.wait()
+
+    first, second = (pool.submit(request(), on_chunk=meet_once) for _ in range(2))
+    assert first.result(timeout=30).stats.spans is not None
+    assert second.result(timeout=30).text == first.result().text
+    pool.close()
+
+
+def test_a_closed_pool_refuses(pool):
+    pool.close()
+    with pytest.raises(PoolClosedError):
+        pool.submit(request())
+
+
+def test_dspark_decoding_options_reach_the_decoder(router_models):
+    config = PoolConfig(
+        backend="dspark", model=str(router_models["dspark"]), decoding={"max_span": 2, "thresholds": {2: 0.0}}
+    )
+    pool = InProcessPool.from_config("d", config)
+    spans = pool.complete(request(max_tokens=12)).stats.spans
+    assert set(spans.proposed_span_hist) == {2}
+    pool.close()
