@@ -1,8 +1,10 @@
 """Progress for every long job (training, calibration, benchmarks): a live bar in a terminal, and plain
-status lines every few steps when the output goes to a log file, where a live bar would print nothing."""
+status lines every few steps when the output goes to a log file, where a live bar would print nothing.
+Progress goes to stderr, so a command's JSON on stdout stays parseable."""
 
 from __future__ import annotations
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 
@@ -15,6 +17,7 @@ class JobProgress(Progress):
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
             TimeRemainingColumn(),
+            console=Console(stderr=True),
         )
         self._log_every = log_every
 

@@ -17,13 +17,13 @@ import statistics
 from collections.abc import Callable, Iterator, Sequence
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from backends.autoregressive import AutoregressiveBackend
 from backends.dspark.backend import DSparkBackend
 from backends.errors import InvalidRequestError
 from backends.local import LocalBackend
+from backends.progress import JobProgress
 from backends.types import GenerationRequest, GenerationResult
 from classifiers.records import Measurement, Split
 from classifiers.subtasks import Subtask
@@ -125,24 +125,16 @@ def measure_with_progress(
 ) -> Iterator[Measurement]:
     """:func:`measure` behind a progress bar that shows the running median speedup."""
     speedups: list[float] = []
-    columns = (
-        TextColumn("[bold]calibrate"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[note]}"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )
 
     def skip(subtask: Subtask, exc: InvalidRequestError) -> None:
         console.print(f"[yellow]skipped {subtask.template}: {exc.message}")
-        progress.advance(task)
+        progress.step(task)
 
-    with Progress(*columns, console=console) as progress:
-        task = progress.add_task("measure", total=len(subtasks), note="")
+    with JobProgress() as progress:
+        task = progress.add_job("calibrate", total=len(subtasks))
         for record in measure(pools, subtasks, max_tokens, repeats, on_skip=skip):
             speedups.append(record.speedup)
-            progress.update(task, advance=1, note=f"median speedup {statistics.median(speedups):.2f}x")
+            progress.step(task, status=f"median speedup {statistics.median(speedups):.2f}x")
             yield record
 
 

@@ -3,8 +3,8 @@
 ``score`` shows the classifier alone; ``dspark-router route`` (router/commands.py) shows the whole decision,
 rules and threshold included.
 
-Registered in ``router/cli.py`` through :data:`COMMANDS`, together with the ``bench`` group, whose benchmarks
-live in :mod:`benchmarks`. scikit-learn is imported inside the handlers, so ``--help`` and ``generate`` skip it.
+Registered in ``router/cli.py`` through :data:`COMMANDS`. scikit-learn is imported inside the handlers, so
+``--help`` and ``generate`` skip it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import torch
 from rich.console import Console
 
 from backends.errors import InvalidRequestError
-from benchmarks import add_bench_parser
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
 from classifiers.calibrate import DEFAULT_MAX_TOKENS, load_pools, measure_with_progress, summary_table
 from classifiers.corpus import CORPUS_PATH, template_splits
@@ -147,4 +146,4 @@ def _calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_score, _add_calibrate, add_bench_parser]
+COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_score, _add_calibrate]

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Callable
 
 from backends.errors import DSparkRouterError
+from benchmarks import add_bench_parser
 from classifiers.commands import COMMANDS as CLASSIFIER_COMMANDS
 from router.commands import add_route
 
@@ -118,10 +119,42 @@ def _train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="pick a DSpark model's span thresholds by measured speed (exact mode)")
+    p.add_argument("--model", required=True, help="DSpark model folder")
+    p.add_argument("--prompts", type=int, default=24, help="validation chat subtasks")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--write", action="store_true", help="save the winner in the model's dspark_config.json")
+    p.set_defaults(handler=_tune)
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    import torch
+
+    from backends.dspark.backend import DSparkBackend
+    from backends.dspark.tuning import tune_thresholds, validation_requests
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    backend = DSparkBackend.from_pretrained(args.model, device="cpu")
+    best, timings = tune_thresholds(backend, validation_requests(args.prompts, args.max_tokens))
+    print(json.dumps({"best": best, "timings": timings}, indent=2))
+    if args.write:
+        config = backend.model.dspark_config
+        config.thresholds = best
+        config.save(Path(args.model))
+    return 0
+
+
 COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     _add_generate,
     _add_train,
+    _add_tune,
     *CLASSIFIER_COMMANDS,
+    add_bench_parser,
     add_route,
 ]
 

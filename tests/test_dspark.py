@@ -22,8 +22,7 @@ def perturbed_heads_model(path, seed: int = 0) -> DSparkModel:
     model = DSparkModel.with_new_heads(AutoregressiveBackend.from_pretrained(path).loaded, num_heads=3)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for block in model.heads.blocks:
-            block.proj.weight.copy_(torch.randn(block.proj.weight.shape, generator=generator) * 0.5)
+        model.heads.weight.copy_(torch.randn(model.heads.weight.shape, generator=generator) * 0.5)
     return model
 
 

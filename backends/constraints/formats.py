@@ -9,15 +9,18 @@ defaults). Free whitespace lets a weak model pad forever inside a valid document
 value gives DSpark's draft heads one continuation to predict instead of several. ``lenient`` and
 ``coerce_one_of`` stay off whatever the schema's own ``x-guidance`` says: a keyword llguidance cannot enforce
 makes the schema fail to compile, and is refused, rather than being ignored and letting invalid output through.
+Only ``format`` values llguidance does not know are dropped, since they are annotations (see
+:func:`_without_unknown_formats`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from llguidance import regex_to_lark
+from llguidance import LLMatcher, regex_to_lark
 
 from backends.constraints.tools import call_schema, resolve_tool_choice
 from backends.errors import UnsupportedFormatError
@@ -74,7 +77,32 @@ def request_grammar(request: GenerationRequest) -> Grammar | None:
 
 def json_rule(schema: dict[str, Any]) -> str:
     """``schema`` as an inline Lark rule body, in the fixed JSON style (see the module docstring)."""
-    return f"%json {json.dumps({**schema, 'x-guidance': JSON_STYLE})}"
+    return f"%json {json.dumps({**_without_unknown_formats(schema), 'x-guidance': JSON_STYLE})}"
+
+
+def _without_unknown_formats(node: Any) -> Any:
+    """The schema without ``format`` values llguidance does not know (``country-code``, ``uri-reference``...).
+
+    JSON Schema's default vocabulary treats ``format`` as an annotation, and validators (``jsonschema``
+    included) do not assert it unless asked to, so an output valid under the rest of the schema is valid; a
+    schema is refused for a keyword that changes validity, never for an annotation. Formats llguidance does
+    know (date-time, email, uuid, ipv4...) stay enforced.
+    """
+    if isinstance(node, list):
+        return [_without_unknown_formats(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {
+        key: _without_unknown_formats(value)
+        for key, value in node.items()
+        if not (key == "format" and isinstance(value, str) and not _known_format(value))
+    }
+
+
+@functools.cache
+def _known_format(name: str) -> bool:
+    grammar = LLMatcher.grammar_from_json_schema(json.dumps({"type": "string", "format": name}))
+    return not LLMatcher.validate_grammar(grammar)
 
 
 def _response_format(response_format: dict[str, Any] | None) -> tuple[str, str]:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from transformers import AutoTokenizer
 
 from backends.dspark.corpus import build_corpus, iter_chat_prompts
+from backends.dspark.heads import CONFIG_FILE
 from backends.dspark.model import DSparkModel
 from backends.loading import LoadedModel, load_model
 from backends.modelfactory import build_model, train_tokenizer
@@ -228,13 +229,16 @@ def _resume(model: DSparkModel, optimizer: torch.optim.Optimizer, output: Path) 
 
 
 def model_for(config: TrainConfig, texts: Sequence[str]) -> DSparkModel:
-    """The model a run starts from: a fresh base (scratch) or a user's base with new heads (heads).
+    """The model a run starts from: a fresh base (scratch), or for heads-only training the base with its heads
+    when it already has some (training continues) and with new ones otherwise.
 
     A scratch run can reuse another model's tokenizer (``tokenizer``), which a draft model for assisted
     generation must share with its target."""
     if config.mode == "heads":
         if config.base_model is None:
             raise ValueError("heads-only training needs --model, the base model to put heads on")
+        if (config.base_model / CONFIG_FILE).is_file():
+            return DSparkModel.from_pretrained(config.base_model, device="cpu")
         return DSparkModel.with_new_heads(load_model(config.base_model, device="cpu"), config.num_heads)
     if config.tokenizer is not None:
         tokenizer = AutoTokenizer.from_pretrained(config.tokenizer, local_files_only=True)
