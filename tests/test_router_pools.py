@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import threading
 import time
-from contextlib import contextmanager
 
 import pytest
 
@@ -14,8 +13,8 @@ from backends.errors import InvalidRequestError, ModelLoadError
 from backends.types import GenerationRequest
 from router.config import PoolConfig
 from router.errors import PoolClosedError, PoolTimeoutError, QueueFullError
-from router.pools import InProcessPool, Pool
-from tests.test_router_support import MESSAGES, router_models  # noqa: F401
+from router.pools import InProcessPool
+from tests.test_router_support import MESSAGES, router_models, saturated_pool  # noqa: F401
 
 TOO_LONG = [{"role": "user", "content": "word " * 600}]  # past the tiny model's 512-token context
 
@@ -29,19 +28,6 @@ def make_pool(path, *, backend="autoregressive", workers=1, max_queue=1, timeout
     return InProcessPool.from_config("p", config)
 
 
-@contextmanager
-def saturated(pool: Pool):
-    """Fill the pool to capacity with requests whose chunks wait on a gate, so it stays full until released."""
-    gate = threading.Event()
-    held = [pool.submit(request(), on_chunk=lambda _: gate.wait(10)) for _ in range(pool.capacity)]
-    try:
-        yield
-    finally:
-        gate.set()
-        for future in held:
-            future.result(timeout=30)
-
-
 @pytest.fixture
 def pool(router_models):
     pool = make_pool(router_models["standard"])
@@ -51,7 +37,7 @@ def pool(router_models):
 
 def test_a_full_pool_refuses_at_once_and_recovers(pool):
     assert (pool.depth, pool.capacity) == (0, 2)
-    with saturated(pool):
+    with saturated_pool(pool):
         assert pool.full and pool.depth == 2
         started = time.monotonic()
         with pytest.raises(QueueFullError, match="full"):

@@ -21,6 +21,7 @@ from backends.autoregressive import AutoregressiveBackend
 from backends.dspark import DSparkModel
 from backends.types import GenerationRequest
 from router import Router
+from router.pools import Pool
 
 MESSAGES = [{"role": "user", "content": "def parse(value):"}]
 
@@ -77,9 +78,8 @@ def closed_port_base() -> str:
 
 
 @contextmanager
-def saturated(router: Router, pool_name: str) -> Iterator[None]:
+def saturated_pool(pool: Pool) -> Iterator[None]:
     """Hold a pool at capacity: its requests wait on a gate inside their first chunk until released."""
-    pool = router.pools[pool_name]
     gate = threading.Event()
     request = GenerationRequest(messages=MESSAGES, max_tokens=4)
     held = [pool.submit(request, on_chunk=lambda _: gate.wait(10)) for _ in range(pool.capacity)]
@@ -89,3 +89,8 @@ def saturated(router: Router, pool_name: str) -> Iterator[None]:
         gate.set()
         for future in held:
             future.result(timeout=30)
+
+
+def saturated(router: Router, pool_name: str):
+    """:func:`saturated_pool` for one of a router's pools."""
+    return saturated_pool(router.pools[pool_name])
