@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    exe = shutil.which("dspark-router") or sys.executable
-    prefix = [] if exe.endswith("dspark-router") else ["-m", "router.cli"]
-    return subprocess.run([exe, *prefix, *args], capture_output=True, text=True, timeout=120)
+    """The console script installed beside this interpreter (a venv's bin/), as a user would run it."""
+    script = Path(sys.executable).with_name("dspark-router")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "router"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
