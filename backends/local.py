@@ -91,13 +91,17 @@ class LocalBackend(ABC):
         return await asyncio.to_thread(self.complete, request)
 
     async def astream(self, request: GenerationRequest) -> AsyncIterator[StreamChunk]:
-        """Runs the sync stream on a thread and hands chunks over as they come, so the event loop never blocks."""
+        """Runs the sync stream on a thread and hands chunks over as they come, so the event loop never blocks.
+        A consumer that stops early stops the decoding too, instead of leaving it to run on for nobody."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[StreamChunk | BaseException | None] = asyncio.Queue()
+        abandoned = threading.Event()
 
         def produce() -> None:
             try:
                 for chunk in self.stream(request):
+                    if abandoned.is_set():
+                        return
                     loop.call_soon_threadsafe(queue.put_nowait, chunk)
             except BaseException as exc:  # handed to the consumer, raised there
                 loop.call_soon_threadsafe(queue.put_nowait, exc)
@@ -105,8 +109,11 @@ class LocalBackend(ABC):
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
         worker = loop.run_in_executor(None, produce)
-        while (item := await queue.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            abandoned.set()
         await worker

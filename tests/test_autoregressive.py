@@ -104,3 +104,23 @@ def test_async_forms_agree_with_sync(backend):
     result, chunks = asyncio.run(run())
     assert result.token_ids == backend.complete(request).token_ids
     assert "".join(c.delta for c in chunks) == result.text
+
+
+def test_an_abandoned_async_stream_stops_decoding(backend):
+    """Leaving astream early must end the decode loop, not let it run to max_tokens for nobody."""
+    passes = []
+    hook = backend.loaded.model.register_forward_hook(lambda *_: passes.append(1))
+
+    async def first_chunk_only():
+        stream = backend.astream(GenerationRequest(prompt="def f(", max_tokens=400))
+        async for _ in stream:
+            break
+        await stream.aclose()
+
+    try:
+        asyncio.run(first_chunk_only())
+        assert backend._lock.acquire(timeout=30), "the decode thread never finished"
+        backend._lock.release()
+    finally:
+        hook.remove()
+    assert len(passes) < 200
