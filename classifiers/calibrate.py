@@ -3,12 +3,16 @@ decoding, one model in one process, interleaved and warm.
 
 Both backends share the model's weights, so the only difference is the decode loop. The order alternates from
 one subtask to the next and every run is warm (one untimed run of each first), so neither backend pays for
-cold caches or a CPU that is clocking up. Each subtask is decoded with a fixed seed, so repeats of it give the
-same output and the fastest of ``repeats`` runs is the one kept: the usual way to take scheduling noise out.
+cold caches or a CPU that is clocking up. Each run has a fixed seed, so repeats of it give the same output and
+the fastest of ``repeats`` runs is the one kept: the usual way to take scheduling noise out.
 
-Speedup is standard time per output token over DSpark time per output token: for the greedy subtasks both
-produce the same tokens and this is plain wall-time ratio; for sampled ones the outputs differ and per-token
-time keeps the comparison fair.
+A sampled subtask is measured over ``samples`` seeds: the router decides before anything is sampled, so the
+quantity to learn is the speedup expected over the outputs the request can get, and one draw's luck (a short
+answer, a run of rejected spans) is noise in that label. A greedy subtask has one output and needs one seed.
+
+Speedup is standard time per output token over DSpark time per output token, totalled over the seeds: for the
+greedy subtasks both produce the same tokens and this is plain wall-time ratio; for sampled ones the outputs
+differ and per-token time keeps the comparison fair.
 """
 
 from __future__ import annotations
@@ -47,36 +51,52 @@ def calibration_request(subtask: Subtask, max_tokens: int, seed: int) -> Generat
     )
 
 
-def _pool_stats(result: GenerationResult) -> dict[str, float | int | str | bool]:
+def _pool_stats(results: Sequence[GenerationResult]) -> dict[str, float | int | str | bool]:
+    """One pool's timings, averaged over the seeds a subtask ran with."""
+    n = len(results)
+    wall_time_s = sum(result.stats.wall_time_s for result in results) / n
+    tokens = sum(result.usage.completion_tokens for result in results) / n
     stats = {
-        "wall_time_s": result.stats.wall_time_s,
-        "tokens_per_s": result.stats.tokens_per_s,
-        "completion_tokens": result.usage.completion_tokens,
-        "forward_passes": result.stats.forward_passes,
-        "finish_reason": result.finish_reason,
+        "wall_time_s": wall_time_s,
+        "tokens_per_s": tokens / wall_time_s if wall_time_s > 0 else 0.0,
+        "completion_tokens": tokens,
+        "forward_passes": sum(result.stats.forward_passes for result in results) / n,
+        "finish_reason": results[0].finish_reason,
+        "samples": n,
     }
-    if result.stats.spans is not None:
-        stats["mean_accepted"] = result.stats.spans.mean_accepted
+    spans = [result.stats.spans for result in results if result.stats.spans is not None]
+    if spans:
+        stats["mean_accepted"] = statistics.mean(span.mean_accepted for span in spans)
     return stats
 
 
-def _per_token_time(result: GenerationResult) -> float:
-    return result.stats.wall_time_s / max(result.usage.completion_tokens, 1)
+def _per_token_time(results: Sequence[GenerationResult]) -> float:
+    return sum(r.stats.wall_time_s for r in results) / max(sum(r.usage.completion_tokens for r in results), 1)
 
 
 def measure_request(
-    pools: dict[str, LocalBackend], request: GenerationRequest, repeats: int, dspark_first: bool
+    pools: dict[str, LocalBackend], request: GenerationRequest, repeats: int, dspark_first: bool, samples: int = 1
 ) -> tuple[float, dict[str, dict]]:
-    """(speedup, stats by pool) from the fastest of ``repeats`` interleaved runs on each pool."""
+    """(speedup, stats by pool) from the fastest of ``repeats`` interleaved runs on each pool, per seed: one seed
+    for a greedy request, ``samples`` for a sampled one."""
     order = ["dspark", "standard"] if dspark_first else ["standard", "dspark"]
-    best: dict[str, GenerationResult] = {}
-    for _ in range(repeats):
+    seed = request.seed or 0
+    draws = 1 if request.temperature == 0 else samples
+    best: dict[str, list[GenerationResult]] = {name: [] for name in order}
+    for draw in range(draws):
+        seeded = request.model_copy(update={"seed": seed * samples + draw})
+        fastest: dict[str, GenerationResult] = {}
+        for _ in range(repeats):
+            for name in order:
+                result = pools[name].complete(seeded)
+                if name not in fastest or result.stats.wall_time_s < fastest[name].stats.wall_time_s:
+                    fastest[name] = result
         for name in order:
-            result = pools[name].complete(request)
-            if name not in best or result.stats.wall_time_s < best[name].stats.wall_time_s:
-                best[name] = result
-    stats = {name: _pool_stats(result) for name, result in best.items()}
-    stats["dspark"]["same_output"] = best["dspark"].token_ids == best["standard"].token_ids
+            best[name].append(fastest[name])
+    stats = {name: _pool_stats(results) for name, results in best.items()}
+    stats["dspark"]["same_output"] = all(
+        d.token_ids == s.token_ids for d, s in zip(best["dspark"], best["standard"], strict=True)
+    )
     return _per_token_time(best["standard"]) / _per_token_time(best["dspark"]), stats
 
 
@@ -91,6 +111,7 @@ def measure(
     subtasks: Sequence[tuple[Subtask, Split]],
     max_tokens: int = DEFAULT_MAX_TOKENS,
     repeats: int = 1,
+    samples: int = 1,
     on_skip: Callable[[Subtask, InvalidRequestError], None] | None = None,
 ) -> Iterator[Measurement]:
     """One measurement per subtask, yielded as it is taken. A subtask the model cannot take (prompt longer than
@@ -101,7 +122,7 @@ def measure(
     for index, (subtask, split) in enumerate(subtasks):
         try:
             request = calibration_request(subtask, max_tokens, seed=index)
-            speedup, stats = measure_request(pools, request, repeats, dspark_first=index % 2 == 0)
+            speedup, stats = measure_request(pools, request, repeats, dspark_first=index % 2 == 0, samples=samples)
         except InvalidRequestError as exc:
             if on_skip is not None:
                 on_skip(subtask, exc)
@@ -121,6 +142,7 @@ def measure_with_progress(
     subtasks: Sequence[tuple[Subtask, Split]],
     max_tokens: int,
     repeats: int,
+    samples: int,
     console: Console,
 ) -> Iterator[Measurement]:
     """:func:`measure` behind a progress bar that shows the running median speedup."""
@@ -132,7 +154,7 @@ def measure_with_progress(
 
     with JobProgress() as progress:
         task = progress.add_job("calibrate", total=len(subtasks))
-        for record in measure(pools, subtasks, max_tokens, repeats, on_skip=skip):
+        for record in measure(pools, subtasks, max_tokens, repeats, samples, on_skip=skip):
             speedups.append(record.speedup)
             progress.step(task, status=f"median speedup {statistics.median(speedups):.2f}x")
             yield record

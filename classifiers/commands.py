@@ -84,7 +84,10 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=str(DEFAULT_CLASSIFIER), help="where to save the classifier")
     p.add_argument("--limit", type=int, help="measure only the first N subtasks of the corpus")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each subtask's max_tokens")
-    p.add_argument("--repeats", type=int, default=1, help="runs per subtask and pool; the fastest is kept")
+    p.add_argument("--repeats", type=int, default=3, help="runs per subtask, seed and pool; the fastest is kept")
+    p.add_argument(
+        "--samples", type=int, default=4, help="seeds per sampled subtask (temperature > 0); speedup over all of them"
+    )
     p.add_argument(
         "--margin", type=float, default=DEFAULT_MARGIN, help=f"label: speedup >= margin (default {DEFAULT_MARGIN})"
     )
@@ -98,8 +101,8 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
 def _measure(args: argparse.Namespace, console: Console) -> list[Measurement]:
     if not Path(args.corpus).is_file():
         raise InvalidRequestError(f"no corpus file at {args.corpus!r}", param="corpus")
-    if (args.limit is not None and args.limit < 1) or args.max_tokens < 1 or args.repeats < 1:
-        raise InvalidRequestError("--limit, --max-tokens and --repeats must be >= 1", param="limit")
+    if (args.limit is not None and args.limit < 1) or args.max_tokens < 1 or args.repeats < 1 or args.samples < 1:
+        raise InvalidRequestError("--limit, --max-tokens, --repeats and --samples must be >= 1", param="limit")
     if args.threads:
         torch.set_num_threads(args.threads)
     subtasks = read_jsonl(args.corpus)
@@ -110,7 +113,7 @@ def _measure(args: argparse.Namespace, console: Console) -> list[Measurement]:
     records: list[Measurement] = []
 
     def measured() -> Iterator[Measurement]:
-        for record in measure_with_progress(pools, chosen, args.max_tokens, args.repeats, console):
+        for record in measure_with_progress(pools, chosen, args.max_tokens, args.repeats, args.samples, console):
             records.append(record)
             yield record
 

@@ -129,6 +129,12 @@ class PolicyConfig(_Strict):
     overflow: dict[str, str] = Field(default_factory=dict, description="pool -> pool to spill to when full")
     fallback: dict[str, str] = Field(default_factory=dict, description="pool -> pool to retry on error/timeout")
     explore: float = Field(default=0.0, ge=0.0, le=0.5)
+    shadow: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="share of dspark/standard requests replayed on the other pool once answered, to log a speedup",
+    )
     seed: int = 0
     tenants: dict[str, TenantOverride] = Field(default_factory=dict)
 
@@ -225,7 +231,7 @@ def _check_references(config: RouterConfig, source: str | None) -> None:
         if name is not None and name not in pools:
             raise ConfigError(key, f"unknown pool {name!r} (pools: {', '.join(sorted(pools))})", source=source)
 
-    exploring = policy.explore > 0 or any(t.explore for t in policy.tenants.values())
+    exploring = policy.explore > 0 or policy.shadow > 0 or any(t.explore for t in policy.tenants.values())
     if policy.classifier is not None or exploring:
         check("policy.dspark_pool", policy.dspark_pool)
         check("policy.standard_pool", policy.standard_pool)

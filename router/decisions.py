@@ -24,6 +24,9 @@ class Decision(BaseModel):
     overflowed: bool = False
     fell_back: bool = False
     explored: bool = False
+    shadow: str | None = Field(
+        default=None, description="the pool the request is replayed on once answered, to measure its speedup"
+    )
 
 
 class Measured(BaseModel):
@@ -62,6 +65,10 @@ class RouteRecord(BaseModel):
     decision: Decision
     measured: Measured | None = None
     stats: dict[str, dict[str, float | int | None]] = Field(default_factory=dict)
+    speedup: float | None = Field(
+        default=None,
+        description="DSpark over standard time per output token, when a shadow run measured both pools on the request",
+    )
     finish_reason: str | None = None
     usage: Usage | None = None
     error: str | None = None

@@ -1,6 +1,11 @@
 """Carry one request through the pools: admit it (spilling a full pool to its overflow target), run it, retry a
 failed attempt once on the fallback pool, then measure, count and log the outcome.
 
+A request the policy marked for a shadow run is, once answered, replayed on the other pool of the dspark/standard
+pair, and its log record waits for that run: both pools' timings on the same request give the measured speedup
+that ``calibrate --from-log`` learns from. The replay never delays the answer, never waits for room in a full
+pool, and its cost is the shadow share of extra decoding.
+
 All of it happens in ``submit`` (non-blocking) and in the attempts' done-callbacks, and ends in one
 :class:`~concurrent.futures.Future`: the sync, async and streaming front ends all wait on that same future, so
 spill and fallback behave identically for each. A stream falls back only while it has sent nothing, because a
@@ -33,12 +38,14 @@ class Dispatcher:
         fallback: dict[str, str],
         metrics: RouterMetrics,
         log: DecisionLog,
+        speed_pair: tuple[str, str] = ("dspark", "standard"),
     ) -> None:
         self.pools = pools
         self.overflow = overflow
         self.fallback = fallback
         self.metrics = metrics
         self.log = log
+        self.speed_pair = speed_pair
 
     def start(self, routed: RoutedRequest, decision: Decision, on_delta: OnDelta | None = None) -> Flight:
         """Admit the request now (raising :class:`QueueFullError` if nowhere has room) and return its flight."""
@@ -58,6 +65,15 @@ class Dispatcher:
         reachable = {pool, self.overflow.get(pool)}
         reachable |= {self.fallback.get(p) for p in set(reachable)}
         return sum(self.pools[p].timeout_s for p in reachable if p is not None) + WAIT_GRACE_S
+
+    def speedup(self, stats: dict[str, dict[str, float | int | None]]) -> float | None:
+        """DSpark's speedup over the standard pool in time per output token, when ``stats`` holds both pools."""
+        dspark, standard = (stats.get(name) for name in self.speed_pair)
+        if not dspark or not standard or not dspark["completion_tokens"] or not standard["completion_tokens"]:
+            return None
+        dspark_time = dspark["wall_time_s"] / dspark["completion_tokens"]
+        standard_time = standard["wall_time_s"] / standard["completion_tokens"]
+        return standard_time / dspark_time if dspark_time > 0 else None
 
 
 def spilled(decision: Decision, target: str) -> Decision:
@@ -149,17 +165,40 @@ class Flight:
             **dict(result), request_id=self.routed.request_id, decision=self.decision, measured=measured
         )
         self.dispatcher.metrics.finished(self.decision, measured)
-        stats = {
-            "wall_time_s": result.stats.wall_time_s,
-            "tokens_per_s": measured.tokens_per_s,
-            "completion_tokens": result.usage.completion_tokens,
-            "forward_passes": result.stats.forward_passes,
-            "mean_accepted": measured.mean_accepted_tokens,
-        }
-        self._record(
-            measured=measured, stats={self.decision.pool: stats}, finish_reason=result.finish_reason, usage=result.usage
-        )
+        stats = {self.decision.pool: _pool_stats(result, self.decision.pool, self.dispatcher)}
+        fields = {"measured": measured, "finish_reason": result.finish_reason, "usage": result.usage}
+        shadow = self._start_shadow()
+        if shadow is None:
+            self._record(stats=stats, **fields)
+        else:
+            shadow.add_done_callback(lambda run: self._record_with_shadow(run, stats, fields))
         _resolve(self.outcome, result=routed)
+
+    def _start_shadow(self) -> Future[GenerationResult] | None:
+        """The replay on the decision's shadow pool; None when there is none, the request ended up there anyway
+        (spilled, fell back), or the pool has no room."""
+        name = self.decision.shadow
+        d = self.dispatcher
+        if name is None or name == self.decision.pool:
+            return None
+        try:
+            if d.pools[name].full:
+                raise QueueFullError(f"pool {name!r} is full")
+            return d.pools[name].submit(self.routed.request)
+        except DSparkRouterError:
+            d.metrics.shadow_runs.labels(name, "skipped").inc()
+            return None
+
+    def _record_with_shadow(self, run: Future[GenerationResult], stats: dict, fields: dict[str, object]) -> None:
+        """The record, with the shadow pool's timings and the speedup when the replay succeeded, else as it was."""
+        name, metrics = self.decision.shadow, self.dispatcher.metrics
+        if name is not None and not run.cancelled() and run.exception() is None:
+            stats[name] = _pool_stats(run.result(), name, self.dispatcher)
+        speedup = self.dispatcher.speedup(stats)
+        metrics.shadow_runs.labels(name, "failed" if speedup is None else "measured").inc()
+        if speedup is not None:
+            metrics.speedup.observe(speedup)
+        self._record(stats=stats, speedup=speedup, **fields)
 
     def _fail(self, error: BaseException) -> None:
         self.dispatcher.metrics.failed(self.decision.pool, error)
@@ -171,6 +210,17 @@ class Flight:
             request_id=self.routed.request_id, decision=self.decision, request=self.routed.body, **fields
         )
         self.dispatcher.log.write(record)
+
+
+def _pool_stats(result: GenerationResult, pool: str, dispatcher: Dispatcher) -> dict[str, float | int | None]:
+    """The backend's own timings: no queue wait, so a shadow run and the answer compare fairly."""
+    return {
+        "wall_time_s": result.stats.wall_time_s,
+        "tokens_per_s": result.stats.tokens_per_s,
+        "completion_tokens": result.usage.completion_tokens,
+        "forward_passes": result.stats.forward_passes,
+        "mean_accepted": _mean_accepted(result, dispatcher.pools[pool].kind),
+    }
 
 
 def _mean_accepted(result: GenerationResult, kind: str) -> float | None:

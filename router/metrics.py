@@ -57,6 +57,18 @@ class RouterMetrics:
             "dspark_router_fallbacks", "Requests retried on another pool", ["from_pool", "to_pool"], registry=r
         )
         self.errors = Counter("dspark_router_errors", "Requests that failed", ["pool", "type"], registry=r)
+        self.shadow_runs = Counter(
+            "dspark_router_shadow_runs",
+            "Answered requests replayed on the other pool to measure speedup: measured, failed or skipped (full)",
+            ["pool", "outcome"],
+            registry=r,
+        )
+        self.speedup = Histogram(
+            "dspark_router_measured_speedup",
+            "DSpark over standard time per output token, measured by shadow runs",
+            buckets=(0.5, 0.75, 1.0, 1.15, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0),
+            registry=r,
+        )
 
     def watch(self, pools: dict[str, Pool]) -> None:
         """Queue depth is read from the pools at scrape time, so it is never stale."""

@@ -3,7 +3,9 @@
 Order of precedence: an explicit route hint, then the tenant's rules and the global rules in order (first match
 wins), then the classifier's score against the threshold, then ``default_pool``. Only the last two are learned or
 arbitrary, so only they are explored: a seeded share goes to the other pool, so both pools keep being measured on
-the traffic the classifier decides and calibration never runs out of counterfactuals.
+the traffic the classifier decides and calibration never runs out of counterfactuals. Separately, a seeded
+``shadow`` share of any request bound for one of the two pools is replayed on the other once answered (see
+``router/dispatch.py``), so the log holds measured speedups for ``calibrate --from-log``.
 Queue load is not decided here; the dispatcher spills a full pool to its overflow target at admission.
 """
 
@@ -43,6 +45,9 @@ class Policy:
         self._rng_lock = threading.Lock()
 
     def decide(self, routed: RoutedRequest) -> Decision:
+        return self._shadow(self._choose(routed))
+
+    def _choose(self, routed: RoutedRequest) -> Decision:
         config, tenant = self.config, routed.tenant
         override = config.tenants.get(tenant) if tenant else None
 
@@ -83,13 +88,22 @@ class Policy:
         return value
 
     def _explore(self, chosen: Decision, share: float) -> Decision:
-        pools = (self.config.dspark_pool, self.config.standard_pool)
-        if share <= 0 or chosen.pool not in pools:
+        other = self._other_if_drawn(chosen, share)
+        if other is None:
             return chosen
-        with self._rng_lock:
-            explore = self._rng.random() < share
-        if not explore:
-            return chosen
-        other = pools[1] if chosen.pool == pools[0] else pools[0]
         reason = f"{chosen.reason}; explored {other!r} (share {share:.2f})"
         return chosen.model_copy(update={"pool": other, "explored": True, "reason": reason})
+
+    def _shadow(self, chosen: Decision) -> Decision:
+        other = self._other_if_drawn(chosen, self.config.shadow)
+        return chosen if other is None else chosen.model_copy(update={"shadow": other})
+
+    def _other_if_drawn(self, chosen: Decision, share: float) -> str | None:
+        """The other of the dspark/standard pair, for a seeded ``share`` of the decisions that chose one of them."""
+        pools = (self.config.dspark_pool, self.config.standard_pool)
+        if share <= 0 or chosen.pool not in pools:
+            return None
+        with self._rng_lock:
+            if self._rng.random() >= share:
+                return None
+        return pools[1] if chosen.pool == pools[0] else pools[0]

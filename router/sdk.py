@@ -73,7 +73,14 @@ class Router:
         self.metrics = RouterMetrics()
         self.metrics.watch(self.pools)
         self.log = DecisionLog.from_config(config.log, config.redis_url)
-        self.dispatcher = Dispatcher(self.pools, config.policy.overflow, config.policy.fallback, self.metrics, self.log)
+        self.dispatcher = Dispatcher(
+            self.pools,
+            config.policy.overflow,
+            config.policy.fallback,
+            self.metrics,
+            self.log,
+            speed_pair=(config.policy.dspark_pool, config.policy.standard_pool),
+        )
         self._pool_names = frozenset(self.pools)
 
     @classmethod

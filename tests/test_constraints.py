@@ -177,7 +177,8 @@ def test_bench_instances_agree_with_the_grammar(bench, tiny_tokenizer, eos_ids):
     ("response_format", "needle"),
     [
         (_schema_format({"type": "foo"}), "foo"),
-        (_schema_format({"type": "object", "not": {"required": ["a"]}}), "not"),
+        (_schema_format({"type": "string", "not": {"pattern": "^a"}}), "not"),
+        (_schema_format({"oneOf": [{"type": "integer"}, {"minimum": 0}]}), "oneOf"),
         (_schema_format({"type": "string", "pattern": "(("}), "regex"),
         ({"type": "json_schema", "json_schema": {"name": "x"}}, "schema"),
         ({"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}}, "schema"),

@@ -199,3 +199,32 @@ def test_decision_log_to_jsonl_and_redis_stream(tmp_path, router_models, redis_u
     measurements, rejected = read_measurements(f"{redis_url}#{stream}")
     assert (len(measurements), rejected) == (2, [])
     assert measurements[0].request["messages"] == MESSAGES
+
+
+def test_shadow_runs_log_a_measured_speedup_that_calibration_learns_from(tmp_path, router_models):
+    from classifiers.records import read_measurements
+
+    data = config_data(router_models, shadow=1.0)
+    data["log"] = {"jsonl": "logs/decisions.jsonl"}
+    log = tmp_path / "logs" / "decisions.jsonl"
+    with make_router(tmp_path, data) as router:
+        answered = [
+            router.complete(messages=MESSAGES, max_tokens=5, model=model) for model in ("dspark", "standard", None)
+        ]
+        assert [r.decision.shadow for r in answered] == ["standard", "dspark", "dspark"]
+        deadline = time.monotonic() + 30
+        while len(log.read_text().splitlines() if log.exists() else []) < len(answered):
+            assert time.monotonic() < deadline, "shadow runs never logged"
+            time.sleep(0.05)
+        assert sample(router, "dspark_router_latency_seconds_count", {"pool": "dspark"}) == 1  # replays aren't traffic
+        assert sample(router, "dspark_router_shadow_runs_total", {"pool": "dspark", "outcome": "measured"}) == 2
+        assert sample(router, "dspark_router_measured_speedup_count", {}) == 3
+    records = {r["request_id"]: r for r in map(json.loads, log.read_text().splitlines())}
+    for result in answered:
+        record = records[result.request_id]
+        dspark, standard = record["stats"]["dspark"], record["stats"]["standard"]
+        per_token = [s["wall_time_s"] / s["completion_tokens"] for s in (standard, dspark)]
+        assert record["speedup"] == pytest.approx(per_token[0] / per_token[1])
+        assert record["stats"][result.decision.pool]["completion_tokens"] == result.usage.completion_tokens
+    measurements, rejected = read_measurements(log)
+    assert rejected == [] and all(m.speedup and m.speedup > 0 for m in measurements)

@@ -9,19 +9,19 @@ defaults). Free whitespace lets a weak model pad forever inside a valid document
 value gives DSpark's draft heads one continuation to predict instead of several. ``lenient`` and
 ``coerce_one_of`` stay off whatever the schema's own ``x-guidance`` says: a keyword llguidance cannot enforce
 makes the schema fail to compile, and is refused, rather than being ignored and letting invalid output through.
-Only ``format`` values llguidance does not know are dropped, since they are annotations (see
-:func:`_without_unknown_formats`).
+Before compiling, ``schemas.equivalent_schema`` rewrites the shapes of ``not``, ``oneOf`` and ``dependencies``
+that have an exact equivalent llguidance does enforce.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
-from llguidance import LLMatcher, regex_to_lark
+from llguidance import regex_to_lark
 
+from backends.constraints.schemas import equivalent_schema, unenforced_keyword
 from backends.constraints.tools import call_schema, resolve_tool_choice
 from backends.errors import UnsupportedFormatError
 from backends.types import GenerationRequest
@@ -62,7 +62,7 @@ def request_grammar(request: GenerationRequest) -> Grammar | None:
         if kind == "text":
             return None
         return Grammar(body if kind == "grammar" else f"start: {body}\n", "response_format")
-    call = f"call: {json_rule(call_schema(choice.functions))}\n"
+    call = f"call: {json_rule(call_schema(choice.functions), 'tools')}\n"
     if choice.required:
         return Grammar(f"start: call\n{call}", "tools")
     if kind == "grammar":
@@ -75,34 +75,13 @@ def request_grammar(request: GenerationRequest) -> Grammar | None:
     return Grammar(f"start: answer | call\n{answer}{call}", "tools")
 
 
-def json_rule(schema: dict[str, Any]) -> str:
-    """``schema`` as an inline Lark rule body, in the fixed JSON style (see the module docstring)."""
-    return f"%json {json.dumps({**_without_unknown_formats(schema), 'x-guidance': JSON_STYLE})}"
-
-
-def _without_unknown_formats(node: Any) -> Any:
-    """The schema without ``format`` values llguidance does not know (``country-code``, ``uri-reference``...).
-
-    JSON Schema's default vocabulary treats ``format`` as an annotation, and validators (``jsonschema``
-    included) do not assert it unless asked to, so an output valid under the rest of the schema is valid; a
-    schema is refused for a keyword that changes validity, never for an annotation. Formats llguidance does
-    know (date-time, email, uuid, ipv4...) stay enforced.
-    """
-    if isinstance(node, list):
-        return [_without_unknown_formats(item) for item in node]
-    if not isinstance(node, dict):
-        return node
-    return {
-        key: _without_unknown_formats(value)
-        for key, value in node.items()
-        if not (key == "format" and isinstance(value, str) and not _known_format(value))
-    }
-
-
-@functools.cache
-def _known_format(name: str) -> bool:
-    grammar = LLMatcher.grammar_from_json_schema(json.dumps({"type": "string", "format": name}))
-    return not LLMatcher.validate_grammar(grammar)
+def json_rule(schema: dict[str, Any], param: str) -> str:
+    """``schema`` as an inline Lark rule body, in the fixed JSON style (see the module docstring); a schema with a
+    keyword llguidance would compile without enforcing is refused here, blaming ``param``."""
+    rewritten = equivalent_schema(schema)
+    if (problem := unenforced_keyword(rewritten)) is not None:
+        raise UnsupportedFormatError(f"cannot constrain output to this {param}: {problem}", param=param)
+    return f"%json {json.dumps({**rewritten, 'x-guidance': JSON_STYLE})}"
 
 
 def _response_format(response_format: dict[str, Any] | None) -> tuple[str, str]:
@@ -113,7 +92,7 @@ def _response_format(response_format: dict[str, Any] | None) -> tuple[str, str]:
     if kind == "text":
         return kind, ""
     if kind == "json_object":
-        return kind, json_rule({"type": "object"})
+        return kind, json_rule({"type": "object"}, "response_format")
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
@@ -122,7 +101,7 @@ def _response_format(response_format: dict[str, Any] | None) -> tuple[str, str]:
                 "with the schema a JSON object",
                 param="response_format",
             )
-        return kind, json_rule(spec["schema"])
+        return kind, json_rule(spec["schema"], "response_format")
     if kind in ("regex", "grammar"):
         text = response_format.get(kind)
         if not isinstance(text, str) or not text:
