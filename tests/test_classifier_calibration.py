@@ -10,6 +10,8 @@ import json
 
 import pytest
 
+from benchmarks.route import cross_validate
+from classifiers import DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
 from classifiers.model import DeterminismClassifier
 from classifiers.records import read_measurements
 from classifiers.subtasks import generate_subtasks, write_jsonl
@@ -90,14 +92,30 @@ def test_bench_route_reports_the_metrics(calibrated, trained, tmp_path):
     _, measurements = calibrated
     out, _ = trained
     report_path, plot_path = tmp_path / "route.json", tmp_path / "route.png"
-    args = ["--measurements", str(measurements), "--classifier", str(out), "--latency-calls", "50"]
+    args = ["--measurements", str(measurements), "--classifier", str(out), "--latency-calls", "50", "--cv-folds", "0"]
     assert main(["bench", "route", *args, "--json", str(report_path), "--plot", str(plot_path)]) == 0
     report = json.loads(report_path.read_text())
-    assert report["subtasks"] == 2 and report["split"] == "test"
+    assert report["subtasks"] == 2 and report["split"] == "test" and "cross_validation" not in report
     for key in ("auroc", "oracle_gain_ratio", "all_dspark_gain_ratio", "all_standard_gain_ratio", "p50_us", "p99_us"):
         assert key in report
     assert 0 < report["p50_us"] <= report["p99_us"]
     assert plot_path.stat().st_size > 1000
+
+
+def test_bench_route_refuses_one_fold(calibrated, capsys):
+    _, measurements = calibrated
+    assert main(["bench", "route", "--measurements", str(measurements), "--cv-folds", "1"]) == 2
+    assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["error"]["param"] == "cv_folds"
+
+
+def test_cross_validation_on_the_shipped_measurements_beats_chance():
+    """Template-grouped folds of the shipped measurements, refitted as calibrate fits: every template is held
+    out once, and the classifier ranks held-out templates well above chance."""
+    records, _ = read_measurements(DEFAULT_MEASUREMENTS)
+    summary = cross_validate(records, DEFAULT_MARGIN, threshold=0.5, folds=3)
+    assert summary["folds"] == 3 and summary["subtasks"] == len(records)
+    assert summary["auroc_mean"] > 0.75 and summary["auroc_std"] < 0.2
+    assert 0.0 < summary["oracle_gain_ratio_mean"] <= 1.0
 
 
 def test_one_label_only_is_a_clear_error(calibrated, tmp_path, capsys):
