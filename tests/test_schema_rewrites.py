@@ -11,6 +11,8 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from llguidance import LLMatcher
 
 from backends.constraints.formats import JSON_STYLE
@@ -167,3 +169,49 @@ def test_bench_compile_rate():
     paths = sorted(SCHEMA_DIR.glob("*.json"))
     compiled = sum(_compiles(equivalent_schema(json.loads(path.read_text())["schema"])) for path in paths)
     assert compiled >= 0.85 * len(paths), f"{compiled} of {len(paths)}"
+
+
+NAMES = ("a", "b", "c")
+LEAVES = st.sampled_from(
+    [
+        {"type": "integer"},
+        {"type": "string"},
+        {"type": ["string", "null"]},
+        {"const": 1},
+        {"enum": ["x", 2, None]},
+        {"required": ["a"]},
+        {"properties": {"b": {"type": "integer"}}},
+        {"properties": {"a": False}},
+        {"maxProperties": 1},
+    ]
+)
+
+
+def _schemas(children: st.SearchStrategy) -> st.SearchStrategy:
+    names = st.lists(st.sampled_from(NAMES), min_size=1, max_size=2, unique=True)
+    return st.one_of(
+        st.builds(lambda s: {"not": s}, children),
+        st.builds(lambda n: {"not": {"required": n}}, names),
+        st.builds(lambda t: {"not": {"type": t}}, st.sampled_from(["string", ["number", "null"], "object"])),
+        st.builds(lambda a, b: {"not": {"anyOf": [a, b]}}, children, children),
+        st.builds(lambda a, b: {"oneOf": [a, b]}, children, children),
+        st.builds(lambda a, b: {"type": "object", "oneOf": [a, b]}, children, children),
+        st.builds(lambda n, d: {"dependencies": {n: d}}, st.sampled_from(NAMES), st.one_of(names, children)),
+        st.builds(lambda s, v: {"allOf": [{"enum": v}, s]}, children, st.lists(DOCUMENTS, min_size=1, max_size=4)),
+    )
+
+
+DOCUMENTS = st.recursive(
+    st.one_of(st.none(), st.integers(0, 2), st.sampled_from(["x", "y"])),
+    lambda inner: st.dictionaries(st.sampled_from(NAMES), inner, max_size=3),
+    max_leaves=4,
+)
+SCHEMAS = st.recursive(LEAVES, _schemas, max_leaves=6)
+
+
+@settings(max_examples=1000, deadline=None, derandomize=True)
+@given(schema=SCHEMAS, documents=st.lists(DOCUMENTS, min_size=1, max_size=8))
+def test_random_rewrites_keep_every_verdict(schema, documents):
+    """Draft 7 (where ``dependencies`` is a keyword): the rewrite accepts exactly the documents the original does."""
+    schema = {"$schema": DRAFT_7, **schema}
+    _same_verdicts(schema, equivalent_schema(schema), documents)
