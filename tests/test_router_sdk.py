@@ -228,3 +228,15 @@ def test_shadow_runs_log_a_measured_speedup_that_calibration_learns_from(tmp_pat
         assert record["stats"][result.decision.pool]["completion_tokens"] == result.usage.completion_tokens
     measurements, rejected = read_measurements(log)
     assert rejected == [] and all(m.speedup and m.speedup > 0 for m in measurements)
+
+
+def test_a_shadow_run_never_waits_for_a_full_pool(tmp_path, small_pools):
+    small_pools["policy"]["shadow"] = 1.0
+    small_pools["log"] = {"jsonl": "decisions.jsonl"}
+    with make_router(tmp_path, small_pools) as router:
+        with saturated(router, "standard"):
+            result = router.complete(messages=MESSAGES, max_tokens=4, model="dspark")
+        assert result.decision.shadow == "standard"
+        assert sample(router, "dspark_router_shadow_runs_total", {"pool": "standard", "outcome": "skipped"}) == 1
+    (record,) = map(json.loads, (tmp_path / "decisions.jsonl").read_text().splitlines())
+    assert record["speedup"] is None and set(record["stats"]) == {"dspark"}
