@@ -165,7 +165,7 @@ class Flight:
             **dict(result), request_id=self.routed.request_id, decision=self.decision, measured=measured
         )
         self.dispatcher.metrics.finished(self.decision, measured)
-        stats = {self.decision.pool: _pool_stats(result, self.decision.pool, self.dispatcher)}
+        stats = {self.decision.pool: _pool_stats(result, kind)}
         fields = {"measured": measured, "finish_reason": result.finish_reason, "usage": result.usage}
         shadow = self._start_shadow()
         if shadow is None:
@@ -191,7 +191,7 @@ class Flight:
         """The record, with the shadow pool's timings and the speedup when the replay succeeded, else as it was."""
         name, metrics = self.decision.shadow, self.dispatcher.metrics
         if name is not None and not run.cancelled() and run.exception() is None:
-            stats[name] = _pool_stats(run.result(), name, self.dispatcher)
+            stats[name] = _pool_stats(run.result(), self.dispatcher.pools[name].kind)
         speedup = self.dispatcher.speedup(stats)
         metrics.shadow_runs.labels(name, "failed" if speedup is None else "measured").inc()
         if speedup is not None:
@@ -210,14 +210,14 @@ class Flight:
         self.dispatcher.log.write(record)
 
 
-def _pool_stats(result: GenerationResult, pool: str, dispatcher: Dispatcher) -> dict[str, float | int | None]:
+def _pool_stats(result: GenerationResult, kind: str) -> dict[str, float | int | None]:
     """The backend's own timings: no queue wait, so a shadow run and the answer compare fairly."""
     return {
         "wall_time_s": result.stats.wall_time_s,
         "tokens_per_s": result.stats.tokens_per_s,
         "completion_tokens": result.usage.completion_tokens,
         "forward_passes": result.stats.forward_passes,
-        "mean_accepted": _mean_accepted(result, dispatcher.pools[pool].kind),
+        "mean_accepted": _mean_accepted(result, kind),
     }
 
 

@@ -125,7 +125,8 @@ def _rewrite(node: Schema, ctx: _Context) -> Schema:
 
 
 def unenforced_keyword(schema: Schema) -> str | None:
-    """Why llguidance would compile ``schema`` yet let an invalid document through, or None.
+    """Why llguidance would compile ``schema`` (an :func:`equivalent_schema` result, so without dependencies
+    keywords) yet let an invalid document through, or None.
 
     One case is known: llguidance does not stop a key matched by ``patternProperties`` or
     ``additionalProperties`` from repeating, and a parser keeps the last of repeated keys, so a
@@ -148,7 +149,7 @@ def unenforced_keyword(schema: Schema) -> str | None:
                 stack.extend(value)
             elif key in ONE_SCHEMA:
                 stack.append(value)
-            elif key in (*SCHEMA_MAPS, "dependencies", "dependentSchemas") and isinstance(value, dict):
+            elif key in SCHEMA_MAPS and isinstance(value, dict):
                 stack.extend(value.values())
     return None
 
