@@ -3,13 +3,21 @@
 On the test split of the measurements (templates the classifier was not fitted on) it reports
 
 * ``auroc``: how well the score ranks subtasks whose speedup reaches the classifier's margin above the rest;
-* time saved: sending a subtask to DSpark saves ``t_standard * (1 - 1/speedup)`` (negative when DSpark is
-  slower). The classifier sends the subtasks scoring >= ``--threshold``; the oracle, which knows every measured
+* time saved (:mod:`classifiers.gain`): sending a subtask to DSpark saves ``t_standard * (1 - 1/speedup)``
+  (negative when DSpark is slower). The classifier sends the subtasks scoring >= its threshold (the one it was
+  calibrated to route at, as the router does, or ``--threshold``); the oracle, which knows every measured
   speedup, sends exactly those with speedup > 1. ``oracle_gain_ratio`` is the classifier's saving over the
   oracle's, ``all_dspark_gain_ratio`` and ``all_standard_gain_ratio`` (always 0) the same for one pool alone;
 * ``cross_validation``: the same ranking and time saved over template-grouped folds of all the measurements,
-  each fold held out in turn while :func:`classifiers.train.train` refits on the rest: one test split of a
-  few templates per kind swings with which templates it drew, the mean and spread over folds do not;
+  each fold held out in turn while :func:`classifiers.train.train` refits on the rest, threshold included (so
+  the threshold is chosen without the fold it is judged on): one test split of a few templates per kind swings
+  with which templates it drew, the mean and spread over folds do not;
+* ``online``: what retraining from the router's own log (``calibrate --from-log``) adds on templates it never
+  saw: the test subtasks arrive in a seeded order, a ``--online-shadow`` share of them is measured on both
+  pools (as ``policy.shadow`` does) and logged like live traffic (no split, no template), and every
+  ``--online-batch`` requests the classifier is retrained on its measurements plus the log. Each request is
+  routed by the classifier of before it arrived. Not the target's metric: the target is for a classifier
+  that has never seen these templates;
 * ``p50_us`` / ``p99_us``: the latency of scoring one subtask in-process, as the router does per request, and
   ``cpu_p50_us`` / ``cpu_p99_us``, the CPU time of those calls. Judge the target on an otherwise idle machine:
   on busy cores the wall-clock p99 measures the scheduler, not the classifier.
@@ -19,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,6 +37,7 @@ import numpy as np
 
 from backends.errors import InvalidRequestError
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS
+from classifiers.gain import time_saved
 from classifiers.records import Measurement, read_measurements
 
 if TYPE_CHECKING:
@@ -40,9 +50,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--measurements", default=str(DEFAULT_MEASUREMENTS), help="measurements JSONL (from calibrate)")
     p.add_argument("--classifier", default=str(DEFAULT_CLASSIFIER), help="classifier file (default: the shipped one)")
     p.add_argument("--split", choices=["train", "val", "test"], default="test")
-    p.add_argument("--threshold", type=float, default=0.5, help="route to DSpark when score >= threshold")
+    p.add_argument(
+        "--threshold", type=float, help="route to DSpark when score >= threshold (default: the classifier's own)"
+    )
     p.add_argument("--latency-calls", type=int, default=2000, help="single-subtask scoring calls to time")
     p.add_argument("--cv-folds", type=int, default=5, help="template-grouped cross-validation folds (0: skip)")
+    p.add_argument("--online-shadow", type=float, default=0.25, help="share of the stream measured and logged")
+    p.add_argument("--online-batch", type=int, default=20, help="requests between retrainings (0: skip online)")
+    p.add_argument("--online-orders", type=int, default=3, help="seeded arrival orders to average over")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", metavar="PNG", help="draw the ROC curve and score against speedup")
 
@@ -57,8 +72,7 @@ def evaluate(scores: np.ndarray, records: Sequence[Measurement], margin: float, 
 
     speedups = np.array([record.speedup for record in records])
     labels = speedups >= margin
-    weights = np.array([record.standard_time_s or 1.0 for record in records])
-    saved = weights * (1.0 - 1.0 / speedups)
+    saved = time_saved(records)
     oracle = float(saved[speedups > 1.0].sum())
     routed = float(saved[scores >= threshold].sum())
     both_classes = 0 < labels.sum() < len(labels)
@@ -70,7 +84,7 @@ def evaluate(scores: np.ndarray, records: Sequence[Measurement], margin: float, 
         "auroc": float(roc_auc_score(labels, scores)) if both_classes else None,
         "brier": float(brier_score_loss(labels, scores, labels=[False, True])),
         "routed_to_dspark": int((scores >= threshold).sum()),
-        "standard_time_s": float(weights.sum()),
+        "standard_time_s": float(sum(record.standard_time_s or 1.0 for record in records)),
         "saved_s": {"classifier": routed, "oracle": oracle, "all_dspark": float(saved.sum()), "all_standard": 0.0},
         "oracle_gain_ratio": _ratio(routed, oracle),
         "all_dspark_gain_ratio": _ratio(float(saved.sum()), oracle),
@@ -78,16 +92,19 @@ def evaluate(scores: np.ndarray, records: Sequence[Measurement], margin: float, 
     }
 
 
-def cross_validate(records: Sequence[Measurement], margin: float, threshold: float, folds: int) -> dict[str, Any]:
+def cross_validate(
+    records: Sequence[Measurement], margin: float, threshold: float | None, folds: int
+) -> dict[str, Any]:
     """Mean and spread of AUROC and gain ratios over template-grouped folds. Each fold's templates are held out
-    while the rest is refitted exactly as ``calibrate`` fits (C picked on the records of the validation split)."""
+    while the rest is refitted exactly as ``calibrate`` fits (C picked on the records of the validation split,
+    the routing threshold on grouped folds of the rest, unless ``threshold`` fixes one)."""
     from sklearn.model_selection import GroupKFold
 
     from backends.progress import JobProgress
     from classifiers.train import train
 
     measured = [record for record in records if record.speedup is not None]
-    groups = [record.template or json.dumps(record.request, sort_keys=True) for record in measured]
+    groups = [record.group for record in measured]
     reports = []
     with JobProgress() as progress:
         job = progress.add_job("cross-validate", total=folds)
@@ -95,13 +112,71 @@ def cross_validate(records: Sequence[Measurement], margin: float, threshold: flo
             fit = [measured[i] for i in fit_rows]
             fit = [r.model_copy(update={"split": "val" if r.resolved_split == "val" else "train"}) for r in fit]
             held = [measured[i] for i in held_rows]
-            scores = train(fit, margin).score_many(record.request for record in held)
-            reports.append(evaluate(scores, held, margin, threshold))
+            classifier = train(fit, margin)
+            scores = classifier.score_many(record.request for record in held)
+            reports.append(evaluate(scores, held, margin, classifier.threshold if threshold is None else threshold))
             progress.step(job, status=f"oracle gain {reports[-1]['oracle_gain_ratio']:.3f}")
-    summary: dict[str, Any] = {"folds": folds, "subtasks": len(measured)}
+    summary: dict[str, Any] = {
+        "folds": folds,
+        "subtasks": len(measured),
+        "thresholds": [report["threshold"] for report in reports],
+    }
     for name in ("auroc", "oracle_gain_ratio", "all_dspark_gain_ratio"):
         values = np.array([report[name] for report in reports if report[name] is not None])
         summary[f"{name}_mean"], summary[f"{name}_std"] = float(values.mean()), float(values.std())
+    return summary
+
+
+def online(
+    classifier: DeterminismClassifier,
+    fitted: Sequence[Measurement],
+    stream: Sequence[Measurement],
+    shadow: float,
+    batch: int,
+    orders: int,
+) -> dict[str, Any]:
+    """Time saved over the oracle's on ``stream`` while the classifier is retrained from a shadow-measured log
+    every ``batch`` requests, for ``orders`` seeded arrival orders; beside it, the static ``classifier`` on the
+    same requests. ``second_half``: the same ratio over the later half of the stream, once the log holds some."""
+    import random
+
+    from backends.progress import JobProgress
+    from classifiers.train import train
+
+    def gain(saved: np.ndarray, speedups: np.ndarray, routed: np.ndarray) -> float | None:
+        return _ratio(float(saved[routed].sum()), float(saved[speedups > 1.0].sum()))
+
+    runs = []
+    with JobProgress() as progress:
+        job = progress.add_job("online retraining", total=orders * math.ceil(len(stream) / batch))
+        for order in range(orders):
+            rng = random.Random(order)
+            arrivals = list(stream)
+            rng.shuffle(arrivals)
+            current, log = classifier, []
+            routed = np.zeros(len(arrivals), dtype=bool)
+            for start in range(0, len(arrivals), batch):
+                part = arrivals[start : start + batch]
+                routed[start : start + len(part)] = current.score_many(r.request for r in part) >= current.threshold
+                live = {"split": None, "template": None, "kind": None}
+                log += [record.model_copy(update=live) for record in part if rng.random() < shadow]
+                current = train([*fitted, *log], classifier.margin)
+                progress.step(job, status=f"order {order}: {len(log)} logged")
+            saved, speedups = time_saved(arrivals), np.array([record.speedup for record in arrivals])
+            static = classifier.score_many(record.request for record in arrivals) >= classifier.threshold
+            half = slice(len(arrivals) // 2, None)
+            runs.append(
+                {
+                    "oracle_gain_ratio": gain(saved, speedups, routed),
+                    "static_oracle_gain_ratio": gain(saved, speedups, static),
+                    "second_half_oracle_gain_ratio": gain(saved[half], speedups[half], routed[half]),
+                    "logged": len(log),
+                }
+            )
+    summary: dict[str, Any] = {"shadow": shadow, "batch": batch, "orders": runs}
+    for name in ("oracle_gain_ratio", "static_oracle_gain_ratio", "second_half_oracle_gain_ratio"):
+        values = [run[name] for run in runs if run[name] is not None]
+        summary[f"{name}_mean"] = float(np.mean(values)) if values else None
     return summary
 
 
@@ -158,6 +233,7 @@ def _print(report: dict[str, Any]) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     table.add_column("target", justify="right")
+    table.add_row("threshold", f"{report['threshold']:.2f}", "")
     for name in ("auroc", "brier", "oracle_gain_ratio", "all_dspark_gain_ratio", "all_standard_gain_ratio"):
         value = report[name]
         target = TARGETS.get(name)
@@ -168,6 +244,10 @@ def _print(report: dict[str, Any]) -> None:
         for name in ("auroc", "oracle_gain_ratio", "all_dspark_gain_ratio"):
             value = f"{cv[f'{name}_mean']:.3f} ± {cv[f'{name}_std']:.3f}"
             table.add_row(f"{name} ({cv['folds']}-fold by template)", value, "")
+    if (online := report.get("online")) and online["oracle_gain_ratio_mean"] is not None:
+        label = f"retrained every {online['batch']} from a {online['shadow']:.0%} shadow log"
+        table.add_row(f"oracle_gain_ratio, {label}", f"{online['oracle_gain_ratio_mean']:.3f}", "")
+        table.add_row("  its second half", f"{online['second_half_oracle_gain_ratio_mean']:.3f}", "")
     Console().print(table)
 
 
@@ -180,15 +260,25 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidRequestError(f"{args.measurements!r} holds no measured {args.split}-split subtasks", param="split")
     if args.latency_calls < 1:
         raise InvalidRequestError("--latency-calls must be >= 1", param="latency_calls")
+    if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
+        raise InvalidRequestError("--threshold must be in [0, 1]", param="threshold")
+    if not 0.0 <= args.online_shadow <= 1.0 or args.online_batch < 0 or args.online_orders < 1:
+        raise InvalidRequestError(
+            "--online-shadow must be in [0, 1], --online-batch >= 0 and --online-orders >= 1", param="online"
+        )
     if args.cv_folds == 1 or args.cv_folds < 0:
         raise InvalidRequestError("--cv-folds must be 0 (skip) or >= 2", param="cv_folds")
     classifier = DeterminismClassifier.load(args.classifier)
     seen = [record.request for record in records if record.resolved_split != args.split]
     latency = scoring_latency(classifier, seen, [record.request for record in chosen], args.latency_calls)
     scores = classifier.score_many(record.request for record in chosen)
-    report = {"split": args.split, **evaluate(scores, chosen, classifier.margin, args.threshold), **latency}
+    threshold = classifier.threshold if args.threshold is None else args.threshold
+    report = {"split": args.split, **evaluate(scores, chosen, classifier.margin, threshold), **latency}
     if args.cv_folds:
         report["cross_validation"] = cross_validate(records, classifier.margin, args.threshold, args.cv_folds)
+    if args.online_batch:
+        fitted = [record for record in records if record.speedup is not None and record.resolved_split != args.split]
+        report["online"] = online(classifier, fitted, chosen, args.online_shadow, args.online_batch, args.online_orders)
     report["targets_met"] = {
         "auroc": (report["auroc"] or 0.0) >= TARGETS["auroc"],
         "oracle_gain_ratio": (report["oracle_gain_ratio"] or 0.0) >= TARGETS["oracle_gain_ratio"],

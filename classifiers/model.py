@@ -20,6 +20,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 
 from backends.errors import ModelLoadError
+from classifiers import DEFAULT_THRESHOLD
 from classifiers.features import RequestVectorizer
 
 FORMAT = "dspark-router/determinism-classifier"
@@ -59,6 +60,12 @@ class DeterminismClassifier:
         self._vectorizer = vectorizer
         self._coef = np.ascontiguousarray(model.coef_[0], dtype=np.float64)
         self._intercept = float(model.intercept_[0])
+
+    @property
+    def threshold(self) -> float:
+        """The score from which routing to DSpark saves time, chosen when the classifier was trained (see
+        :mod:`classifiers.gain`); files from before it was stored route at the plain 0.5."""
+        return float(self.info.get("route_threshold", DEFAULT_THRESHOLD))
 
     def score(self, request: dict[str, Any]) -> float:
         indices, values = self._vectorizer.row(request)

@@ -67,6 +67,12 @@ class Measurement(BaseModel):
         return "train" if bucket < 70 else "val" if bucket < 85 else "test"
 
     @property
+    def group(self) -> str:
+        """What cross-validation holds out together: the template, or for live traffic the request itself, so no
+        fold is scored on a subtask it was fitted on."""
+        return self.template or json.dumps(self.request, sort_keys=True, default=str)
+
+    @property
     def standard_time_s(self) -> float | None:
         """The standard pool's wall time, when the stats hold it: the weight of this record in time saved."""
         standard = self.stats.get("standard")

@@ -4,6 +4,11 @@ The logistic regression is fitted on the train split for each C of a small grid;
 the lowest log loss on the validation split (templates the fit never saw) wins, and the final model is refitted
 on train and validation together. Choosing C by held-out log loss is what calibrates the probabilities: too
 little regularisation makes a hashed-n-gram model overconfident on new templates, too much flattens it.
+
+The score the router should route at is chosen here too (:mod:`classifiers.gain`): train and validation are
+split into template-grouped folds, each fold is scored by a model fitted on the others, and the threshold that
+saves the most time over those out-of-fold scores is stored with the classifier. Scores of fitted subtasks would
+be too confident to choose it from.
 The test split is never touched here; ``dspark-router bench route`` reports on it.
 """
 
@@ -12,19 +17,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import scipy.sparse as sp
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import log_loss
+from sklearn.model_selection import GroupKFold
 from sklearn.pipeline import Pipeline
 from threadpoolctl import threadpool_limits
 
 from backends.errors import DSparkRouterError
-from classifiers import DEFAULT_MARGIN
+from classifiers import DEFAULT_MARGIN, DEFAULT_THRESHOLD
 from classifiers.features import RequestVectorizer
+from classifiers.gain import best_threshold, time_saved
 from classifiers.model import DeterminismClassifier
 from classifiers.records import Measurement
 
 C_GRID = (0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0)
 DEFAULT_C = 1.0
+THRESHOLD_FOLDS = 5
 
 
 class TrainingError(DSparkRouterError, ValueError):
@@ -78,13 +87,35 @@ def _train(records: Sequence[Measurement], margin: float) -> DeterminismClassifi
         }
         c = min(losses, key=losses.__getitem__)
         val_log_loss = losses[c]
-    model = _logistic(c).fit(x_all, np.concatenate([y_train, y_val]))
+    fitted = train_part + val_part
+    y_all = np.concatenate([y_train, y_val])
+    model = _logistic(c).fit(x_all, y_all)
+    threshold, folds = _route_threshold(x_all, y_all, fitted, c)
     info = {
         "C": c,
         "val_log_loss": val_log_loss,
+        "route_threshold": threshold,
+        "route_threshold_folds": folds,
         "train_subtasks": len(train_part),
         "val_subtasks": len(val_part),
         "held_out_test_subtasks": sum(record.resolved_split == "test" for record in measured),
-        "positive_rate": float(np.concatenate([y_train, y_val]).mean()),
+        "positive_rate": float(y_all.mean()),
     }
     return DeterminismClassifier(Pipeline([("features", vectorizer), ("classifier", model)]), margin, info)
+
+
+def _route_threshold(x: sp.csr_matrix, y: np.ndarray, records: Sequence[Measurement], c: float) -> tuple[float, int]:
+    """The threshold that saves the most time over template-grouped out-of-fold scores, and the folds used;
+    :data:`~classifiers.gain.DEFAULT_THRESHOLD` where there are fewer than two templates to hold out."""
+    groups = [record.group for record in records]
+    folds = min(THRESHOLD_FOLDS, len(set(groups)))
+    if folds < 2:
+        return DEFAULT_THRESHOLD, 0
+    scores = np.empty(len(records))
+    for fit_rows, held_rows in GroupKFold(folds).split(x, groups=groups):
+        # A fold whose fitted part holds one label can only predict that label's rate.
+        if len(set(y[fit_rows].tolist())) < 2:
+            scores[held_rows] = float(y[fit_rows].mean())
+        else:
+            scores[held_rows] = _logistic(c).fit(x[fit_rows], y[fit_rows]).predict_proba(x[held_rows])[:, 1]
+    return best_threshold(scores, time_saved(records)), folds

@@ -120,7 +120,13 @@ class PolicyConfig(_Strict):
     """Where requests go: hint, then rules in order, then the classifier's score, then ``default_pool``."""
 
     classifier: str | None = "default"
-    threshold: float = Field(default=0.5, ge=0.0, le=1.0)
+    threshold: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="route to dspark_pool when the score reaches it; None: the classifier's own (its `threshold`, "
+        "chosen at calibration to save the most time), or 0.5 for a scorer without one",
+    )
     dspark_pool: str = "dspark"
     standard_pool: str = "standard"
     default_pool: str | None = None

@@ -16,6 +16,7 @@ import random
 import threading
 from typing import TYPE_CHECKING, Any
 
+from classifiers import DEFAULT_THRESHOLD
 from router.config import PolicyConfig, Rule, RuleMatch, TenantOverride
 from router.decisions import Decision
 from router.errors import RoutingError
@@ -61,7 +62,7 @@ class Policy:
             if rule_matches(rule.match, routed):
                 return decision(rule.pool, rule.name, f"rule {rule.name!r} matched")
         if self.scorer is not None:
-            score, threshold = self._score(routed), self._setting(override, "threshold")
+            score, threshold = self._score(routed), self._threshold(override)
             above = score >= threshold
             reason = f"score {score:.3f} {'>=' if above else '<'} threshold {threshold:.3f}"
             chosen = decision(config.dspark_pool if above else config.standard_pool, "classifier", reason, score)
@@ -76,6 +77,11 @@ class Policy:
         """The tenant's value where it sets one, else the policy's."""
         value = getattr(override, name) if override is not None else None
         return getattr(self.config, name) if value is None else value
+
+    def _threshold(self, override: TenantOverride | None) -> float:
+        """The tenant's or the policy's threshold, else the one the classifier was calibrated to route at."""
+        threshold = self._setting(override, "threshold")
+        return float(getattr(self.scorer, "threshold", DEFAULT_THRESHOLD)) if threshold is None else threshold
 
     def _score(self, routed: RoutedRequest) -> float:
         score = self.scorer.score(routed.body)

@@ -74,6 +74,7 @@ def test_retraining_from_the_log_saves_a_classifier(trained):
     classifier = DeterminismClassifier.load(out)
     assert classifier.margin == margin
     assert (classifier.info["train_subtasks"], classifier.info["val_subtasks"]) == (2, 2)
+    assert classifier.info["route_threshold_folds"] == 4 and 0.0 < classifier.threshold < 1.0  # one per template
 
 
 def test_score_prints_the_score(trained, tmp_path, capsys):
@@ -93,12 +94,15 @@ def test_bench_route_reports_the_metrics(calibrated, trained, tmp_path):
     out, _ = trained
     report_path, plot_path = tmp_path / "route.json", tmp_path / "route.png"
     args = ["--measurements", str(measurements), "--classifier", str(out), "--latency-calls", "50", "--cv-folds", "0"]
+    args += ["--online-batch", "1", "--online-orders", "2", "--online-shadow", "1"]
     assert main(["bench", "route", *args, "--json", str(report_path), "--plot", str(plot_path)]) == 0
     report = json.loads(report_path.read_text())
     assert report["subtasks"] == 2 and report["split"] == "test" and "cross_validation" not in report
     for key in ("auroc", "oracle_gain_ratio", "all_dspark_gain_ratio", "all_standard_gain_ratio", "p50_us", "p99_us"):
         assert key in report
     assert 0 < report["p50_us"] <= report["p99_us"]
+    online = report["online"]  # every test subtask logged and retrained on, one at a time, in two orders
+    assert [run["logged"] for run in online["orders"]] == [2, 2] and online["batch"] == 1
     assert plot_path.stat().st_size > 1000
 
 

@@ -20,6 +20,7 @@ import classifiers
 from backends.errors import ModelLoadError
 from classifiers import Scorer
 from classifiers.corpus import CORPUS_PATH, build_corpus, template_splits
+from classifiers.gain import THRESHOLD_GRID, best_threshold, time_saved
 from classifiers.model import FORMAT, ClassifierLoadError, DeterminismClassifier
 from classifiers.records import Measurement
 from classifiers.subtasks import generate_subtasks, read_jsonl
@@ -78,6 +79,39 @@ def test_training_records_its_choices(classifier, records):
     assert info["C"] > 0 and info["val_log_loss"] is not None
     assert info["train_subtasks"] + info["val_subtasks"] + info["held_out_test_subtasks"] == len(records)
     assert classifier.margin == classifiers.DEFAULT_MARGIN
+
+
+@pytest.mark.parametrize("slow_speedup", [0.5, 1.1])
+def test_the_routing_threshold_follows_time_saved_not_labels(records, slow_speedup):
+    """Two worlds with the same labels (every slow subtask is below the 1.15x margin): where slow subtasks lose
+    half their time the threshold keeps them off DSpark; where they still gain 10% it sends them too."""
+    world = [
+        record.model_copy(update={"speedup": slow_speedup}) if record.speedup < classifiers.DEFAULT_MARGIN else record
+        for record in records
+    ]
+    assert [r.speedup >= 1.15 for r in world] == [r.speedup >= 1.15 for r in records]
+    classifier = train(world)
+    assert classifier.threshold == classifier.info["route_threshold"] and classifier.info["route_threshold_folds"] == 5
+    test = [record for record in world if record.split == "test"]
+    saved = time_saved(test)
+    routed = classifier.score_many(record.request for record in test) >= classifier.threshold
+    if slow_speedup < 1:
+        assert saved[routed].sum() > saved.sum() + 0.2 * np.abs(saved[saved < 0]).sum()
+        assert not routed[saved < 0].any()
+    else:
+        assert classifier.threshold == 0.0 and routed.all()
+
+
+def test_time_saved_and_the_best_threshold():
+    records = [
+        Measurement(request={}, speedup=2.0, stats={"standard": {"wall_time_s": 3.0}}),
+        Measurement(request={}, speedup=0.5),  # no standard time: weighs 1 s
+    ]
+    assert time_saved(records).tolist() == [1.5, -1.0]
+    scores, saved = np.array([0.1, 0.3, 0.6, 0.9]), np.array([-1.0, 0.5, 0.5, 1.0])
+    assert best_threshold(scores, saved) == 0.15  # the lowest that keeps the loser off and the rest on
+    assert best_threshold(scores, np.abs(saved)) == THRESHOLD_GRID[0]
+    assert best_threshold(scores, -np.abs(saved)) > scores.max()  # nothing gains: route nothing
 
 
 def test_unmeasured_records_are_left_out_and_one_class_is_refused(records):
@@ -166,3 +200,5 @@ def test_the_shipped_classifier_loads_and_scores():
     shipped = classifiers.load_default()
     for request in [*REQUEST_SHAPES.values(), *(s.to_request_dict() for s in read_jsonl(CORPUS_PATH)[:50])]:
         assert 0.0 <= shipped.score(request) <= 1.0
+    # Calibrated on dspark-mini's measurements: losing a little on a wrong guess costs less than a missed win.
+    assert shipped.threshold in THRESHOLD_GRID and shipped.threshold < 0.5

@@ -141,6 +141,28 @@ def test_tenant_overrides(tmp_path, router_models):
     router.close()
 
 
+class CalibratedScorer(MetadataScorer):
+    """A scorer that carries the threshold it was calibrated to route at, as DeterminismClassifier does."""
+
+    threshold = 0.2
+
+
+@pytest.mark.parametrize(
+    ("policy", "p", "pool"),
+    [
+        ({}, 0.19, "standard"),
+        ({}, 0.2, "dspark"),  # no threshold in the config: the scorer's own
+        ({"threshold": 0.5}, 0.3, "standard"),  # the config's wins
+        ({"tenants": {"acme": {"threshold": 0.5}}}, 0.3, "standard"),
+    ],
+)
+def test_without_a_configured_threshold_the_scorer_sets_it(tmp_path, router_models, policy, p, pool):
+    router = make_router(tmp_path, config_data(router_models, **policy), scorer=CalibratedScorer())
+    decision = router.route(messages=MESSAGES, metadata={"p": p}, user="acme")
+    assert (decision.rule, decision.pool) == ("classifier", pool)
+    router.close()
+
+
 def test_without_classifier_or_default_the_request_cannot_be_placed(tmp_path, router_models):
     router = make_router(tmp_path, config_data(router_models, default_pool=None), scorer=None)
     with pytest.raises(RoutingError, match="default_pool"):
