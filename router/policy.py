@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from classifiers import DEFAULT_THRESHOLD
 from router.config import PolicyConfig, Rule, RuleMatch, TenantOverride
 from router.decisions import Decision
-from router.errors import RoutingError
+from router.errors import ConfigError, RoutingError
 from router.request import RoutedRequest
 
 if TYPE_CHECKING:
@@ -38,10 +38,19 @@ def rule_matches(match: RuleMatch, routed: RoutedRequest) -> bool:
     return all(checks)
 
 
+def _calibrated_threshold(scorer: Scorer | None) -> float:
+    """The scorer's own ``threshold`` (0.5 without one), checked once so a bad one fails at start-up."""
+    value = getattr(scorer, "threshold", DEFAULT_THRESHOLD)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+        raise ConfigError("policy.classifier", f"the classifier's threshold {value!r} is not a number in [0, 1]")
+    return float(value)
+
+
 class Policy:
     def __init__(self, config: PolicyConfig, scorer: Scorer | None) -> None:
         self.config = config
         self.scorer = scorer
+        self._scorer_threshold = _calibrated_threshold(scorer)
         self._rng = random.Random(config.seed)
         self._rng_lock = threading.Lock()
 
@@ -81,7 +90,7 @@ class Policy:
     def _threshold(self, override: TenantOverride | None) -> float:
         """The tenant's or the policy's threshold, else the one the classifier was calibrated to route at."""
         threshold = self._setting(override, "threshold")
-        return float(getattr(self.scorer, "threshold", DEFAULT_THRESHOLD)) if threshold is None else threshold
+        return self._scorer_threshold if threshold is None else threshold
 
     def _score(self, routed: RoutedRequest) -> float:
         score = self.scorer.score(routed.body)

@@ -45,9 +45,9 @@ FROM_CONFIG = _Scorer.FROM_CONFIG
 class Router:
     """Routes each request to a pool by its policy and runs it there.
 
-    ``scorer`` overrides the config's classifier (any object with ``score(request_dict) -> float``; ``None`` for
-    none). ``pools`` replaces the in-process pools with other :class:`~router.pools.Pool` implementations, one per
-    pool the config declares.
+    ``scorer`` overrides the config's classifier (any object with ``score(request_dict) -> float``, and
+    optionally the ``threshold`` it routes at; ``None`` for none). ``pools`` replaces the in-process pools with
+    other :class:`~router.pools.Pool` implementations, one per pool the config declares.
     """
 
     def __init__(

@@ -163,6 +163,16 @@ def test_without_a_configured_threshold_the_scorer_sets_it(tmp_path, router_mode
     router.close()
 
 
+class MiscalibratedScorer(MetadataScorer):
+    threshold = 1.5
+
+
+def test_a_scorer_threshold_outside_0_1_is_refused_at_start(tmp_path, router_models):
+    with pytest.raises(ConfigError, match=r"threshold 1\.5 is not a number in \[0, 1\]") as error:
+        make_router(tmp_path, config_data(router_models), scorer=MiscalibratedScorer())
+    assert error.value.param == "policy.classifier"
+
+
 def test_without_classifier_or_default_the_request_cannot_be_placed(tmp_path, router_models):
     router = make_router(tmp_path, config_data(router_models, default_pool=None), scorer=None)
     with pytest.raises(RoutingError, match="default_pool"):
