@@ -19,11 +19,20 @@ from classifiers.records import Measurement
 THRESHOLD_GRID: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(21))
 
 
+def standard_times(records: Sequence[Measurement]) -> np.ndarray:
+    """Each record's standard-pool wall time, its weight in time saved; 1 s where the stats do not hold it."""
+    return np.array([record.standard_time_s or 1.0 for record in records])
+
+
 def time_saved(records: Sequence[Measurement]) -> np.ndarray:
-    """Seconds each measured record saves on DSpark; records without a standard wall time weigh 1 s."""
+    """Seconds each measured record saves on DSpark."""
     speedups = np.array([record.speedup for record in records], dtype=float)
-    weights = np.array([record.standard_time_s or 1.0 for record in records])
-    return weights * (1.0 - 1.0 / speedups)
+    return standard_times(records) * (1.0 - 1.0 / speedups)
+
+
+def oracle_saved(saved: np.ndarray) -> float:
+    """What an oracle that knows every speedup saves: it sends exactly the subtasks DSpark speeds up."""
+    return float(saved[saved > 0].sum())
 
 
 def best_threshold(scores: np.ndarray, saved: np.ndarray) -> float:

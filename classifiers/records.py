@@ -63,14 +63,17 @@ class Measurement(BaseModel):
         same split, so retraining on a growing log never moves a record from test into train."""
         if self.split is not None:
             return self.split
-        bucket = zlib.crc32(json.dumps(self.request, sort_keys=True, default=str).encode()) % 100
+        bucket = zlib.crc32(self._canonical_request().encode()) % 100
         return "train" if bucket < 70 else "val" if bucket < 85 else "test"
 
     @property
     def group(self) -> str:
         """What cross-validation holds out together: the template, or for live traffic the request itself, so no
         fold is scored on a subtask it was fitted on."""
-        return self.template or json.dumps(self.request, sort_keys=True, default=str)
+        return self.template or self._canonical_request()
+
+    def _canonical_request(self) -> str:
+        return json.dumps(self.request, sort_keys=True, default=str)
 
     @property
     def standard_time_s(self) -> float | None:

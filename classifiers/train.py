@@ -106,7 +106,7 @@ def _train(records: Sequence[Measurement], margin: float) -> DeterminismClassifi
 
 def _route_threshold(x: sp.csr_matrix, y: np.ndarray, records: Sequence[Measurement], c: float) -> tuple[float, int]:
     """The threshold that saves the most time over template-grouped out-of-fold scores, and the folds used;
-    :data:`~classifiers.gain.DEFAULT_THRESHOLD` where there are fewer than two templates to hold out."""
+    :data:`~classifiers.DEFAULT_THRESHOLD` where there are fewer than two templates to hold out."""
     groups = [record.group for record in records]
     folds = min(THRESHOLD_FOLDS, len(set(groups)))
     if folds < 2:
