@@ -84,9 +84,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default=str(DEFAULT_CLASSIFIER), help="where to save the classifier")
     p.add_argument("--limit", type=int, help="measure only the first N subtasks of the corpus")
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each subtask's max_tokens")
-    p.add_argument("--repeats", type=int, default=3, help="runs per subtask, seed and pool; the fastest is kept")
+    p.add_argument("--repeats", type=int, default=2, help="runs per subtask, seed and pool; the fastest is kept")
     p.add_argument(
-        "--samples", type=int, default=4, help="seeds per sampled subtask (temperature > 0); speedup over all of them"
+        "--samples", type=int, default=12, help="seeds per sampled subtask (temperature > 0); speedup over all of them"
     )
     p.add_argument(
         "--margin", type=float, default=DEFAULT_MARGIN, help=f"label: speedup >= margin (default {DEFAULT_MARGIN})"

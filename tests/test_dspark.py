@@ -11,6 +11,7 @@ from scipy.stats import chisquare
 from backends import AutoregressiveBackend, GenerationRequest, ModelLoadError
 from backends.dspark import DSparkBackend, DSparkModel, SpanPolicy
 from backends.dspark.decode import verify_sampled
+from backends.sampling import sample
 from tests.conftest import ARCHITECTURES
 
 NEAR_TIE = 1e-4
@@ -94,18 +95,22 @@ def test_confidence_mode_commits_whole_spans(pair):
 
 
 def test_verify_sampled_keeps_the_target_distribution():
-    """Whatever the draft distribution q, the first committed token is distributed as the target p."""
+    """Whatever the draft distribution q, the first committed token is distributed as the target p, and a bonus
+    token after a fully accepted draft as the target's next row."""
     generator = torch.Generator().manual_seed(0)
     vocab, trials = 6, 20_000
     p = torch.softmax(torch.randn(vocab, generator=generator) * 1.5, dim=0)
     q = torch.softmax(torch.randn(vocab, generator=generator) * 1.5, dim=0)
-    counts = torch.zeros(vocab)
+    after = torch.softmax(torch.randn(vocab, generator=generator) * 1.5, dim=0)
+    first, bonus = torch.zeros(vocab), torch.zeros(vocab)
     for _ in range(trials):
-        draft = int(torch.multinomial(q, 1, generator=generator))
-        accepted, correction = verify_sampled([draft], q[None], p[None], generator)
-        counts[draft if accepted else correction] += 1
-    total_variation = 0.5 * (counts / trials - p).abs().sum().item()
-    assert total_variation < 0.015
+        draft = int(sample(q, generator))
+        accepted, next_token = verify_sampled([draft], q[None], torch.stack([p, after]), generator)
+        first[draft if accepted else next_token] += 1
+        if accepted:
+            bonus[next_token] += 1
+    assert 0.5 * (first / trials - p).abs().sum().item() < 0.015
+    assert 0.5 * (bonus / bonus.sum() - after).abs().sum().item() < 0.02
 
 
 def _two_token_counts(dspark: DSparkBackend, prompt: str, trials: int) -> dict[tuple[int, ...], int]:

@@ -8,7 +8,9 @@ Each step starts from the base model's logits and last hidden state at the newes
    the base model's logits (to verify the draft) and the hidden state (to draft the next step);
 3. ``verify_greedy`` / ``verify_sampled`` keep the longest prefix the base model agrees with; ``exact``
    verification makes greedy output identical to plain decoding and sampled output equal in distribution
-   (speculative sampling, the heads' distributions as the draft); ``confidence`` keeps the whole span;
+   (speculative sampling, the heads' distributions as the draft); ``confidence`` keeps the whole span.
+   A sampled verification also draws the token after the kept prefix (the correction, or the bonus token
+   when the whole draft survived) from the same pass's distributions, so the next step samples only its draft;
 4. rejected positions are cropped out of the KV cache and the next step starts from the last kept one.
 
 Under a grammar (``constraint``), text the grammar forces is committed in one pass without drafting, the
@@ -58,7 +60,7 @@ def propose(
     stats: SpanStats,
     constraint: GrammarConstraint | None,
 ) -> Proposal:
-    """The base model's next token (or the correction a rejected draft left) and a confident draft after it.
+    """The base model's next token (or the one verification already sampled) and a confident draft after it.
 
     Under a grammar the first token is chosen from masked logits and committed to the grammar at once (it is
     kept whatever verification says), and the draft is cut at the first token the grammar rejects.
@@ -79,7 +81,7 @@ def propose(
         draft_probs = None
     else:
         draft_probs = token_probs(head_logits, request)
-        draft = torch.multinomial(draft_probs, 1, generator=generator)[:, 0]
+        draft = sample(draft_probs, generator)
         top_probs = draft_probs.max(dim=-1).values
     length, cleared = policy.choose(top_probs)
     for n in cleared:
@@ -106,19 +108,27 @@ def verify_sampled(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     generator: torch.Generator | None,
-) -> tuple[int, int | None]:
+) -> tuple[int, int]:
     """Speculative sampling: accept d with probability min(1, p(d)/q(d)); on rejection resample from
     max(0, p - q), so every committed token is distributed exactly as plain sampling from p would be.
-    Returns the accepted count and the correction token (None when every draft token was accepted)."""
-    for i, token in enumerate(draft):
-        p, q = target_probs[i, token], draft_probs[i, token]
-        u = torch.rand((), generator=generator, device=target_probs.device)
-        if q > 0 and u * q <= p:
-            continue
-        residual = torch.clamp(target_probs[i] - draft_probs[i], min=0.0)
-        total = residual.sum()
-        return i, sample(residual / total if total > 0 else target_probs[i], generator)
-    return len(draft), None
+
+    ``target_probs`` has a row per draft token plus one for the position after the whole draft. Returns the
+    accepted count and the token that follows them: the correction, or with every draft token accepted, the
+    bonus token sampled from that last row, so the next step needs no sampling of its own. Every position's
+    uniform is drawn at once: the draws are independent, so those past the first rejection are simply unused,
+    and the test is one vectorised comparison instead of a Python loop over scalars."""
+    if not draft:
+        return 0, int(sample(target_probs[0], generator))
+    positions = torch.arange(len(draft), device=target_probs.device)
+    tokens = torch.tensor(draft, dtype=torch.long, device=target_probs.device)
+    p, q = target_probs[positions, tokens], draft_probs[positions, tokens]
+    u = torch.rand(len(draft), generator=generator, device=target_probs.device)
+    rejected = ((q <= 0) | (u * q > p)).tolist()
+    if True not in rejected:
+        return len(draft), int(sample(target_probs[len(draft)], generator))
+    i = rejected.index(True)
+    residual = torch.clamp(target_probs[i] - draft_probs[i], min=0.0)
+    return i, int(sample(residual if residual.sum() > 0 else target_probs[i], generator))
 
 
 def decode(
@@ -137,17 +147,17 @@ def decode(
     cache = DynamicCache(config=model.config)
     hidden, logits = prefill(model, prompt, cache)
     stats.forward_passes += 1
-    correction: int | None = None
+    next_token: int | None = None
     try:
         while True:
             forced = forced_tokens(constraint, stats)
             if forced:
                 all_hidden, all_logits = model.forward(forced, cache)
                 stats.forward_passes += 1
-                hidden, logits, correction = all_hidden[-1], all_logits[-1], None
+                hidden, logits, next_token = all_hidden[-1], all_logits[-1], None
                 yield forced
                 continue
-            proposal = propose(model, hidden, logits, correction, request, policy, generator, spans, constraint)
+            proposal = propose(model, hidden, logits, next_token, request, policy, generator, spans, constraint)
             all_hidden, all_logits = model.forward(proposal.tokens, cache)
             stats.forward_passes += 1
             draft = proposal.tokens[1:]
@@ -155,12 +165,12 @@ def decode(
                 masks = constraint.span_masks(draft).to(all_logits.device)
                 all_logits = all_logits.masked_fill(~masks, float("-inf"))
             if policy.verification == "confidence":
-                accepted, correction = len(draft), None
+                accepted, next_token = len(draft), None
             elif request.greedy:
-                accepted, correction = verify_greedy(draft, all_logits), None
+                accepted, next_token = verify_greedy(draft, all_logits), None
             else:
-                target_probs = token_probs(all_logits[: len(draft)], request)
-                accepted, correction = verify_sampled(draft, proposal.draft_probs, target_probs, generator)
+                target_probs = token_probs(all_logits, request)
+                accepted, next_token = verify_sampled(draft, proposal.draft_probs, target_probs, generator)
             for offset in range(len(draft)):
                 proposed_at[offset] += 1
                 accepted_at[offset] += offset < accepted

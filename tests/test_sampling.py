@@ -1,0 +1,50 @@
+"""The sampler every decoder shares: top-p from top-k candidates must equal top-p over the whole sorted
+vocabulary, and inverse-CDF draws must follow each row's distribution."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.sampling import NUCLEUS_CANDIDATES, sample, token_probs
+from backends.types import GenerationRequest
+
+
+def _reference_top_p(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """Top-p as its definition reads: sort everything, keep tokens whose preceding mass is below top_p."""
+    probs = torch.softmax(logits / temperature, dim=-1)
+    sorted_probs, order = torch.sort(probs, descending=True, dim=-1)
+    keep_sorted = sorted_probs.cumsum(-1) - sorted_probs < top_p
+    keep = torch.zeros_like(keep_sorted).scatter(-1, order, keep_sorted)
+    kept = probs * keep
+    return kept / kept.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("scale", [8.0, 3.0, 0.05])  # peaked, moderate, nearly flat (nucleus past the candidates)
+@pytest.mark.parametrize("top_p", [0.5, 0.9, 0.99])
+def test_top_p_matches_the_full_sort(scale, top_p):
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 2048, generator=generator) * scale
+    request = GenerationRequest(prompt="x", temperature=0.8, top_p=top_p)
+    probs = token_probs(logits, request)
+    assert torch.allclose(probs, _reference_top_p(logits, 0.8, top_p), atol=1e-6)
+    if scale < 1:
+        assert ((probs > 0).sum(-1) > NUCLEUS_CANDIDATES).all()
+
+
+def test_top_k_and_top_p_together():
+    logits = torch.randn(2048, generator=torch.Generator().manual_seed(3)) * 2
+    probs = token_probs(logits, GenerationRequest(prompt="x", temperature=1.0, top_k=5, top_p=0.9))
+    kept = probs > 0
+    assert 1 <= kept.sum() <= 5
+    assert set(torch.nonzero(kept).flatten().tolist()) <= set(torch.topk(logits, 5).indices.tolist())
+
+
+def test_sample_draws_each_row_from_its_distribution_and_never_a_zero():
+    generator = torch.Generator().manual_seed(1)
+    probs = torch.tensor([[0.0, 0.7, 0.0, 0.3], [0.5, 0.0, 0.5, 0.0], [0.0, 0.0, 0.0, 2.0]])
+    counts = torch.zeros_like(probs)
+    for _ in range(4000):
+        counts[torch.arange(3), sample(probs, generator)] += 1
+    assert counts[probs == 0].sum() == 0
+    assert torch.allclose(counts / 4000, probs / probs.sum(-1, keepdim=True), atol=0.03)
