@@ -29,32 +29,28 @@ def make_generator(request: GenerationRequest, device: torch.device) -> torch.Ge
     return generator
 
 
-def _sorted_candidates(
-    logits: torch.Tensor, log_total: torch.Tensor, top_p: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits in descending order and their token ids: the top candidates, or every token where the top
-    candidates of some row hold less than ``top_p`` of its probability (only then is the nucleus larger)."""
-    k = min(NUCLEUS_CANDIDATES, logits.shape[-1])
-    values, order = torch.topk(logits, k, dim=-1)
-    if k < logits.shape[-1] and bool((torch.exp(values - log_total).sum(dim=-1) < top_p).any()):
-        return torch.sort(logits, descending=True, dim=-1)
-    return values, order
+def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``logits`` with every token outside the nucleus at -inf: the nucleus is the most likely tokens up to and
+    including the one that brings their mass to ``top_p``. Its candidates come from ``topk``; only where some
+    row's candidates hold less than ``top_p`` is the whole vocabulary sorted."""
+    log_total = torch.logsumexp(logits, dim=-1, keepdim=True)
+    values, order = torch.topk(logits, min(NUCLEUS_CANDIDATES, logits.shape[-1]), dim=-1)
+    probs = torch.exp(values - log_total)
+    if values.shape[-1] < logits.shape[-1] and bool((probs.sum(dim=-1) < top_p).any()):
+        values, order = torch.sort(logits, descending=True, dim=-1)
+        probs = torch.exp(values - log_total)
+    keep = probs.cumsum(dim=-1) - probs < top_p
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, values.masked_fill(~keep, float("-inf")))
 
 
 def token_probs(logits: torch.Tensor, request: GenerationRequest) -> torch.Tensor:
-    """Probabilities over the last dimension after temperature, top-k and top-p (sampling requests only).
-
-    Top-p keeps the most likely tokens up to and including the one that brings their mass to ``top_p``."""
+    """Probabilities over the last dimension after temperature, top-k and top-p (sampling requests only)."""
     logits = logits.float() / request.temperature
     if request.top_k:
         kth = torch.topk(logits, min(request.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if request.top_p < 1.0:
-        log_total = torch.logsumexp(logits, dim=-1, keepdim=True)
-        values, order = _sorted_candidates(logits, log_total, request.top_p)
-        probs = torch.exp(values - log_total)
-        keep = probs.cumsum(dim=-1) - probs < request.top_p
-        logits = torch.full_like(logits, float("-inf")).scatter(-1, order, values.masked_fill(~keep, float("-inf")))
+        logits = _top_p(logits, request.top_p)
     return torch.softmax(logits, dim=-1)
 
 
