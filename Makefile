@@ -18,8 +18,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 
 install: $(STAMP)
 
+# The agent example through the REST gateway: `dspark-router serve` on a free loopback port, the openai SDK as client.
 demo: $(STAMP)
-	$(BIN)/python examples/agent_pipeline.py
+	$(BIN)/python examples/agent_pipeline.py --gateway
 
 test: $(STAMP)
 	$(BIN)/ruff check .

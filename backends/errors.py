@@ -8,10 +8,15 @@ from __future__ import annotations
 
 
 class DSparkRouterError(Exception):
-    """Base of every error this project raises on purpose."""
+    """Base of every error this project raises on purpose.
+
+    ``code`` is OpenAI's machine-readable ``error.code`` (``model_not_found``, ...): clients branch on it where the
+    message is for people, so only errors a client can act on by kind set one.
+    """
 
     error_type = "server_error"
     status_code = 500
+    code: str | None = None
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -19,7 +24,7 @@ class DSparkRouterError(Exception):
         self.param = param
 
     def to_openai(self) -> dict:
-        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": None}}
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
 
 
 class InvalidRequestError(DSparkRouterError, ValueError):

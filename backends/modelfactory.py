@@ -17,7 +17,14 @@ from typing import Literal
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen3Config,
+)
 
 END_OF_TEXT = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -30,7 +37,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 
-Architecture = Literal["llama", "gpt2"]
+Architecture = Literal["llama", "gpt2", "qwen3"]
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
@@ -67,21 +74,23 @@ def build_model(
     """A randomly initialised model whose config's EOS ids are the tokenizer's (so generate() agrees)."""
     eos = [tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(END_OF_TEXT)]
     common = {"vocab_size": len(tokenizer), "eos_token_id": eos, "bos_token_id": eos[1], "pad_token_id": eos[1]}
+    decoder = {
+        "hidden_size": hidden,
+        "intermediate_size": hidden * 3,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "max_position_embeddings": context,
+        "tie_word_embeddings": True,
+        **common,
+    }
     if arch == "llama":
-        config = LlamaConfig(
-            hidden_size=hidden,
-            intermediate_size=hidden * 3,
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            num_key_value_heads=heads,
-            max_position_embeddings=context,
-            tie_word_embeddings=True,
-            **common,
-        )
+        config = LlamaConfig(num_key_value_heads=heads, **decoder)
+    elif arch == "qwen3":  # grouped-query attention and an explicit head_dim, as Qwen3 checkpoints have
+        config = Qwen3Config(num_key_value_heads=max(1, heads // 2), head_dim=hidden // heads, **decoder)
     elif arch == "gpt2":
         config = GPT2Config(n_embd=hidden, n_layer=layers, n_head=heads, n_positions=context, **common)
     else:
-        raise ValueError(f"unknown architecture {arch!r}; choose llama or gpt2")
+        raise ValueError(f"unknown architecture {arch!r}; choose llama, gpt2 or qwen3")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.eos_token_id = eos

@@ -7,26 +7,75 @@ it over unchanged. It is validated on construction and every failure names its f
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 
 from backends.errors import InvalidRequestError
 
 MAX_TOKENS_LIMIT = 32_768
 MAX_STOP_STRINGS = 4
+# OpenAI's defaults for sampling arguments a client leaves out. Decoding, routing rules, classifier features,
+# calibration and decision records all read them from here, so an unset temperature means one thing everywhere;
+# a pool or policy that wants another default says so in its config (``defaults: {temperature: 0}``).
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+DEFAULT_MAX_TOKENS = 256
 
 FinishReason = Literal["stop", "length", "eos", "tool_calls"]
+
+
+# What a message's content may be on the wire; after validation it is always text (or None).
+CONTENT_SCHEMA: dict[str, Any] = {
+    "anyOf": [
+        {"type": "string"},
+        {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+                "required": ["type", "text"],
+            },
+        },
+        {"type": "null"},
+    ]
+}
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | None = None
+    content: Annotated[str | None, WithJsonSchema(CONTENT_SCHEMA)] = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_as_text(cls, value: Any) -> Any:
+        """LangChain and the Agents SDK send content as a list of parts. Text parts are joined one per line (as
+        vLLM does), so every backend, rule and classifier keeps seeing one string; any other part (an image, audio,
+        a file) is refused by its index and type, since no model here can read it and dropping it would answer
+        a different question than the one asked."""
+        if not isinstance(value, list):
+            return value
+        texts = []
+        for index, part in enumerate(value):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                what = f"of type {kind!r}" if isinstance(kind, str) else "not a content part"
+                raise ValueError(f"content[{index}] is {what}; only text parts ({{'type': 'text', ...}}) can be read")
+            texts.append(part["text"])
+        return "\n".join(texts)
 
 
 class DSparkOptions(BaseModel):
@@ -37,6 +86,15 @@ class DSparkOptions(BaseModel):
     max_span: int | None = Field(default=None, ge=1, le=16)
     thresholds: dict[int, float] | None = None
     verification: Literal["exact", "confidence"] | None = None
+    drafter: Literal["heads", "dspark"] | None = Field(
+        default=None, description="span heads, or the published DSpark drafter (parallel backbone + Markov head)"
+    )
+    confidence_threshold: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1.0,
+        description="dspark drafter: verify up to the first c_k below this instead of the hardware-aware schedule",
+    )
 
     @field_validator("thresholds")
     @classmethod
@@ -53,9 +111,9 @@ class GenerationRequest(BaseModel):
 
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 1.0
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    temperature: float = DEFAULT_TEMPERATURE
+    top_p: float = DEFAULT_TOP_P
     top_k: int = 0
     seed: int | None = None
     stop: list[str] = Field(default_factory=list)
@@ -70,6 +128,12 @@ class GenerationRequest(BaseModel):
             super().__init__(**data)
         except ValidationError as exc:
             raise _as_invalid_request(exc) from None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_lone_surrogates(cls, data: Any) -> Any:
+        check_text(data)
+        return data
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -133,6 +197,38 @@ class GenerationRequest(BaseModel):
         return self.temperature == 0.0
 
 
+def check_text(value: Any, path: str = "") -> None:
+    """Refuse a string anywhere in ``value`` that holds a lone surrogate, naming where it is.
+
+    JSON can spell one (``"\\udcff"``) and Python keeps it, but it is not text: the tokenizer, a UTF-8 log line or
+    a response body would fail on it far from the request that brought it, as a crash instead of a 400. The walk
+    keeps its own stack, so no nesting depth a JSON parser accepts can overflow Python's.
+    """
+    pending: list[tuple[str, Any]] = [(path, value)]
+    while pending:
+        where, item = pending.pop()
+        if isinstance(item, str):
+            _check_encodable(item, where)
+        elif isinstance(item, BaseModel):
+            pending.append((where, item.model_dump()))
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                _check_encodable(str(key), where)
+                pending.append((f"{where}.{key}" if where else str(key), child))
+        elif isinstance(item, list | tuple):
+            pending.extend((f"{where}.{index}" if where else str(index), child) for index, child in enumerate(item))
+
+
+def _check_encodable(text: str, where: str) -> None:
+    if text.isascii():
+        return
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        message = f"{where or 'the request'}: holds a lone surrogate at index {exc.start}; text must be valid Unicode"
+        raise InvalidRequestError(message, param=where or None) from None
+
+
 def _as_invalid_request(exc: ValidationError) -> InvalidRequestError:
     first = exc.errors()[0]
     field = ".".join(str(p) for p in first["loc"]) or None
@@ -157,6 +253,11 @@ class SpanStats(BaseModel):
 
     mean_accepted: float = 0.0
     acceptance_by_offset: list[float] = Field(default_factory=list)
+    reached_by_offset: list[int] = Field(default_factory=list)
+    """Rounds in which draft position k was verified with every earlier position accepted."""
+    accepted_by_offset: list[int] = Field(default_factory=list)
+    """Rounds in which draft position k was accepted: over ``reached_by_offset``, the conditional acceptance
+    the paper's Figure 2 plots; counts rather than a ratio, so a benchmark can pool them over requests."""
     proposed_span_hist: dict[int, int] = Field(default_factory=dict)
     accepted_span_hist: dict[int, int] = Field(default_factory=dict)
     cleared_threshold: dict[int, int] = Field(default_factory=dict)

@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import NamedTuple
 
-from benchmarks import decode, route, structured
+from benchmarks import decode, gateway, pools, quality, route, structured
 
 
 class Benchmark(NamedTuple):
@@ -23,7 +23,7 @@ class Benchmark(NamedTuple):
 
 BENCHMARKS: dict[str, Benchmark] = {
     "decode": Benchmark(
-        "DSpark against plain decoding and transformers' fast paths, interleaved on one model",
+        "DSpark with each drafter against plain decoding and transformers' fast paths, interleaved on one model",
         decode.add_arguments,
         decode.run,
     ),
@@ -32,10 +32,25 @@ BENCHMARKS: dict[str, Benchmark] = {
         structured.add_arguments,
         structured.run,
     ),
+    "pools": Benchmark(
+        "Redis worker pools against in-process pools: throughput, latency, the cost of the Redis hop",
+        pools.add_arguments,
+        pools.run,
+    ),
+    "quality": Benchmark(
+        "answer quality on held-out subtasks: exact answers, JSON fields, code that parses, tool arguments",
+        quality.add_arguments,
+        quality.run,
+    ),
     "route": Benchmark(
         "routing quality (AUROC, time saved vs an oracle) and scoring latency of the determinism classifier",
         route.add_arguments,
         route.run,
+    ),
+    "gateway": Benchmark(
+        "the REST gateway's added latency, time to first token and /v1/route throughput, against in-process calls",
+        gateway.add_arguments,
+        gateway.run,
     ),
 }
 

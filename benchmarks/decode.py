@@ -1,12 +1,21 @@
-"""``dspark-router bench decode``: DSpark against plain decoding and transformers' own fast paths, one run.
+"""``dspark-router bench decode``: DSpark with each drafter against plain decoding and transformers' own fast
+paths, one run.
 
 Every prompt is run by every contender back to back (interleaved, after a warm-up), on the same model and
 the same thread count, so machine noise hits all of them alike and the speedups are ratios measured side by
-side. Contenders: our autoregressive backend, DSpark exact and confidence, transformers greedy
-``generate()``, prompt-lookup decoding and assisted generation with a smaller draft model.
+side. Contenders: our autoregressive backend, transformers greedy ``generate()``, prompt-lookup decoding and
+assisted generation with a smaller draft model, and per drafter (``heads``: the span heads, ``dspark``: the
+published drafter) DSpark exact and DSpark confidence mode (drafts committed unverified).
 
-Prompts are held-out chat subtasks (a seed the training corpus never used) in the categories the DSpark pool
-is meant for (code, json, extraction) and the one it is not (prose, greedy and at temperature 0.8).
+Prompt sets: held-out chat subtasks (a seed the training corpus never used) in the categories the DSpark pool
+is meant for (code, json, extraction) and the one it is not (prose, greedy and at temperature 0.8); and with
+``--prompts DIR`` every ``*.jsonl`` of that folder (the shared format: ``turns[0]`` is the user message), at
+each of ``--temperatures``. The shared prompts are evaluation only: nothing here fits anything on them.
+
+Per set and drafter: tokens/s and speedups, mean accepted length per round (bonus token included, as the
+paper counts it), conditional acceptance by block position, the mean verification length chosen, and lossless
+mismatches (greedy DSpark exact against greedy AR, which must be 0). On greedy sets a teacher-forced probe
+(``decode_probe``) adds the static-threshold sweep and the confidence reliability.
 """
 
 from __future__ import annotations
@@ -15,93 +24,120 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
 
 from backends.autoregressive import AutoregressiveBackend
 from backends.dspark import DSparkBackend
-from backends.dspark.corpus import iter_chat_prompts
+from backends.dspark.drafter_config import CONFIG_FILE as DRAFTER_CONFIG_FILE
+from backends.dspark.drafter_config import DRAFTER_DIR
+from backends.dspark.drafter_train import REPORT_FILE as TRAIN_REPORT_FILE
+from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.loading import load_model, prompt_ids
 from backends.progress import JobProgress
-from backends.types import GenerationRequest
+from backends.types import DSparkOptions, GenerationRequest, SpanStats
+from benchmarks import decode_plots, decode_probe
+from benchmarks.decode_sets import PromptSet, held_out_sets, shared_sets
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
 DEFAULT_DRAFT = Path(__file__).resolve().parents[1] / "models" / "dspark-mini-draft"
-HELD_OUT_SEED = 9_001
-CATEGORIES: dict[str, tuple[tuple[str, ...], float]] = {
-    "code": (("code_completion", "code_edit"), 0.0),
-    "json": (("json_extraction", "tool_call_arguments"), 0.0),
-    "extraction": (("qa_context", "classification", "rewriting"), 0.0),
-    "prose": (("creative_writing", "brainstorming", "open_chat", "summarisation"), 0.0),
-    "prose_t0.8": (("creative_writing", "brainstorming", "open_chat", "summarisation"), 0.8),
-}
-CONTENDERS = ("ar", "dspark", "dspark_confidence", "hf_greedy", "hf_prompt_lookup", "hf_assisted")
-
-
-@dataclass
-class Tally:
-    tokens: int = 0
-    seconds: float = 0.0
-    accepted: list[float] = field(default_factory=list)
-    fallback: list[float] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+DRAFTERS = ("heads", "dspark")
 
 
 @dataclass
 class Run:
     tokens: list[int]
     seconds: float
-    mean_accepted: float | None = None
-    fallback_rate: float | None = None
+    spans: SpanStats | None = None
 
 
-def suite(per_category: int, max_tokens: int) -> dict[str, list[GenerationRequest]]:
-    out = {}
-    for name, (kinds, temperature) in CATEGORIES.items():
-        examples = iter_chat_prompts(per_category, seed=HELD_OUT_SEED, kinds=kinds)
-        out[name] = [
-            GenerationRequest(messages=ex.messages, max_tokens=max_tokens, temperature=temperature, seed=i)
-            for i, ex in enumerate(examples)
-        ]
-    return out
+@dataclass
+class Tally:
+    """One contender on one set: time and tokens, and DSpark's round counts pooled over the set's prompts."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    rounds: int = 0
+    committed: int = 0
+    verified: int = 0
+    fallback: int = 0
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def add(self, run: Run) -> None:
+        self.tokens += len(run.tokens)
+        self.seconds += run.seconds
+        spans = run.spans
+        if spans is None:
+            return
+        self.rounds += spans.steps
+        self.committed += sum(n * count for n, count in spans.accepted_span_hist.items())
+        self.verified += sum((n - 1) * count for n, count in spans.proposed_span_hist.items())
+        self.fallback += spans.fallback_steps
+        self.reached = _add_lists(self.reached, spans.reached_by_offset)
+        self.accepted = _add_lists(self.accepted, spans.accepted_by_offset)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def drafter_summary(self) -> dict:
+        """Per-round means over every round of the set (None where no round ran)."""
+        rounds = self.rounds
+        return {
+            "mean_accepted": self.committed / rounds if rounds else None,
+            "mean_verified": self.verified / rounds if rounds else None,
+            "fallback_rate": self.fallback / rounds if rounds else None,
+            "conditional_acceptance": [a / r if r else None for a, r in zip(self.accepted, self.reached)],
+        }
+
+
+def _add_lists(total: list[int], more: list[int]) -> list[int]:
+    return [a + b for a, b in zip_longest(total, more, fillvalue=0)]
+
+
+def available_drafters(model: Path) -> list[str]:
+    """The drafters a model folder carries: span heads (``dspark_config.json``), the published drafter
+    (``dspark_drafter/``)."""
+    found = {
+        "heads": (model / HEADS_CONFIG_FILE).is_file(),
+        "dspark": (model / DRAFTER_DIR / DRAFTER_CONFIG_FILE).is_file(),
+    }
+    return [d for d in DRAFTERS if found[d]]
 
 
 class Contenders:
     """Each contender as a function request -> Run, all sharing one loaded base model."""
 
-    def __init__(self, model_path: Path, draft_path: Path | None) -> None:
-        self.dspark = DSparkBackend.from_pretrained(model_path, device="cpu")
-        self.confidence = DSparkBackend(self.dspark.model, replace(self.dspark.policy, verification="confidence"))
+    def __init__(self, model_path: Path, draft_path: Path | None, drafters: list[str]) -> None:
+        self.drafters = drafters
+        self.dspark = DSparkBackend.from_pretrained(model_path, device="cpu", drafter=drafters[0])
         self.ar = AutoregressiveBackend(self.dspark.loaded)
         self.draft = load_model(draft_path, device="cpu").model if draft_path and draft_path.is_dir() else None
 
     def runners(self) -> dict[str, Callable[[GenerationRequest], Run]]:
         runners = {
             "ar": lambda r: self._local(self.ar, r),
-            "dspark": lambda r: self._local(self.dspark, r),
-            "dspark_confidence": lambda r: self._local(self.confidence, r),
             "hf_greedy": lambda r: self._hf(r),
             "hf_prompt_lookup": lambda r: self._hf(r, prompt_lookup_num_tokens=10),
         }
         if self.draft is not None:
             runners["hf_assisted"] = lambda r: self._hf(r, assistant_model=self.draft)
+        for drafter in self.drafters:
+            for suffix, verification in (("", "exact"), ("_confidence", "confidence")):
+                options = DSparkOptions(drafter=drafter, verification=verification)
+                runners[f"dspark_{drafter}{suffix}"] = lambda r, o=options: self._local(
+                    self.dspark, r.model_copy(update={"dspark": o})
+                )
         return runners
 
     @staticmethod
     def _local(backend, request: GenerationRequest) -> Run:
         result = backend.complete(request)
-        spans = result.stats.spans
-        return Run(
-            tokens=result.token_ids,
-            seconds=result.stats.wall_time_s,
-            mean_accepted=spans.mean_accepted if spans else None,
-            fallback_rate=spans.fallback_rate if spans else None,
-        )
+        return Run(tokens=result.token_ids, seconds=result.stats.wall_time_s, spans=result.stats.spans)
 
     def _hf(self, request: GenerationRequest, **options) -> Run:
         loaded = self.dspark.loaded
@@ -125,6 +161,26 @@ class Contenders:
         tokens = out[0, ids.shape[1] :].tolist()
         return Run(tokens=[t for t in tokens if t not in loaded.eos_ids], seconds=seconds)
 
+    def probe(self, drafter: str, request: GenerationRequest, reference: list[int]) -> decode_probe.ProbeRows:
+        """The teacher-forced probe of ``drafter`` on the prompt of ``request`` and its greedy reference."""
+        prompt = prompt_ids(self.dspark.loaded, request)
+        sequence = [*prompt, *reference]
+        if drafter == "heads":
+            return decode_probe.probe_heads(self.dspark.model, sequence, len(prompt), self.dspark.policy.longest - 1)
+        return decode_probe.probe_dspark(self.dspark.loaded, self.dspark.drafter, sequence, len(prompt))
+
+    def verified_at(self, drafter: str) -> decode_probe.VerifiedAt:
+        if drafter == "heads":
+            return lambda threshold, scores: decode_probe.heads_verified(self.dspark.policy, threshold, scores)
+        return decode_probe.dspark_verified
+
+
+def drafter_training_report(model: Path) -> dict | None:
+    """The published drafter's own held-out numbers from training (ECE before and after calibration, acceptance
+    by position), to read beside the ones measured here; None when the folder has no training report."""
+    file = model / DRAFTER_DIR / TRAIN_REPORT_FILE
+    return json.loads(file.read_text()) if file.is_file() else None
+
 
 def agreement(reference: list[int], other: list[int]) -> float:
     """Share of the reference's tokens that the other output reproduces before they first differ."""
@@ -132,109 +188,154 @@ def agreement(reference: list[int], other: list[int]) -> float:
     return same / len(reference) if reference else 1.0
 
 
-def run_benchmark(model: Path, draft: Path | None, per_category: int, max_tokens: int) -> dict:
-    torch.manual_seed(0)
-    contenders = Contenders(model, draft)
-    runners = contenders.runners()
-    prompts = suite(per_category, max_tokens)
-    warm = prompts["code"][0].model_copy(update={"max_tokens": 8})
-    for run in runners.values():
-        run(warm)
-    categories, mismatches = {}, 0
-    total = sum(map(len, prompts.values()))
-    with JobProgress(log_every=5) as progress:
-        task = progress.add_job("bench decode", total=total)
-        for name, requests in prompts.items():
-            tallies = {c: Tally() for c in runners}
-            agreements = []
-            for request in requests:
-                runs = {c: run(request) for c, run in runners.items()}
-                for c, r in runs.items():
-                    tallies[c].tokens += len(r.tokens)
-                    tallies[c].seconds += r.seconds
-                    if r.mean_accepted is not None:
-                        tallies[c].accepted.append(r.mean_accepted)
-                        tallies[c].fallback.append(r.fallback_rate)
-                if request.greedy:
-                    mismatches += runs["dspark"].tokens != runs["ar"].tokens
-                    agreements.append(agreement(runs["ar"].tokens, runs["dspark_confidence"].tokens))
-                progress.step(task, status=name)
-            categories[name] = _summary(tallies, agreements)
-    return {
-        "model": str(model),
-        "draft_model": str(draft) if contenders.draft is not None else None,
-        "prompts": total,
-        "max_tokens": max_tokens,
-        "threads": torch.get_num_threads(),
-        "lossless_mismatches": mismatches,
-        "categories": categories,
-    }
-
-
-def _summary(tallies: dict[str, Tally], agreements: list[float]) -> dict:
-    ar, dspark, confidence = tallies["ar"], tallies["dspark"], tallies["dspark_confidence"]
+def set_summary(
+    prompt_set: PromptSet, tallies: dict[str, Tally], runs: list[dict[str, Run]], drafters: list[str]
+) -> dict:
+    ar, hf = tallies["ar"].tokens_per_s, tallies["hf_greedy"].tokens_per_s
     summary = {
-        "ar_tokens_per_s": ar.tokens_per_s,
-        "dspark_tokens_per_s": dspark.tokens_per_s,
-        "speedup": dspark.tokens_per_s / ar.tokens_per_s,
-        "mean_accepted": sum(dspark.accepted) / len(dspark.accepted),
-        "fallback_rate": sum(dspark.fallback) / len(dspark.fallback),
-        "confidence_mode_speedup": confidence.tokens_per_s / ar.tokens_per_s,
-        "confidence_mode_token_agreement": sum(agreements) / len(agreements) if agreements else None,
+        "temperature": prompt_set.temperature,
+        "prompts": len(prompt_set.requests),
+        "tokens_per_s": {name: tally.tokens_per_s for name, tally in tallies.items()},
+        "drafters": {},
     }
-    for name in ("hf_greedy", "hf_prompt_lookup", "hf_assisted"):
-        summary[f"{name}_tokens_per_s"] = tallies[name].tokens_per_s if name in tallies else None
+    greedy = prompt_set.temperature == 0
+    for drafter in drafters:
+        exact, confidence = tallies[f"dspark_{drafter}"], tallies[f"dspark_{drafter}_confidence"]
+        agreements = [agreement(r["ar"].tokens, r[f"dspark_{drafter}_confidence"].tokens) for r in runs]
+        mismatches = sum(r[f"dspark_{drafter}"].tokens != r["ar"].tokens for r in runs)
+        summary["drafters"][drafter] = {
+            "tokens_per_s": exact.tokens_per_s,
+            "speedup": exact.tokens_per_s / ar if ar else None,
+            "speedup_vs_hf_greedy": exact.tokens_per_s / hf if hf else None,
+            **exact.drafter_summary(),
+            "lossless_mismatches": mismatches if greedy else None,
+            "confidence_mode_speedup": confidence.tokens_per_s / ar if ar else None,
+            "confidence_mode_token_agreement": sum(agreements) / len(agreements) if greedy and agreements else None,
+        }
     return summary
 
 
-def plot(report: dict, path: Path) -> None:
-    import matplotlib
+def warm_ups(sets: list[PromptSet]) -> list[GenerationRequest]:
+    """A short request at each temperature the sets use, so greedy and sampling paths are both warm."""
+    first = next(s for s in sets if s.requests).requests[0]
+    temperatures = dict.fromkeys(s.temperature for s in sets if s.requests)
+    return [first.model_copy(update={"max_tokens": 8, "temperature": t}) for t in temperatures]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    names = list(report["categories"])
-    keys = [
-        ("ar_tokens_per_s", "own AR"),
-        ("dspark_tokens_per_s", "DSpark exact"),
-        ("hf_greedy_tokens_per_s", "HF greedy"),
-        ("hf_prompt_lookup_tokens_per_s", "HF prompt lookup"),
-        ("hf_assisted_tokens_per_s", "HF assisted"),
+def run_benchmark(model: Path, draft: Path | None, sets: list[PromptSet], drafters: list[str]) -> dict:
+    torch.manual_seed(0)
+    contenders = Contenders(model, draft, drafters)
+    runners = contenders.runners()
+    for warm in warm_ups(sets):
+        for run in runners.values():
+            run(warm)
+    report_sets: dict[str, dict] = {}
+    probes: dict[str, dict[str, list[decode_probe.ProbeRows]]] = {d: {} for d in drafters}
+    total = sum(len(s.requests) for s in sets)
+    with JobProgress(log_every=5) as progress:
+        task = progress.add_job("bench decode", total=total)
+        for prompt_set in sets:
+            tallies = {c: Tally() for c in runners}
+            runs = []
+            for request in prompt_set.requests:
+                runs.append({c: run(request) for c, run in runners.items()})
+                for c, r in runs[-1].items():
+                    tallies[c].add(r)
+                if request.greedy:
+                    for drafter in drafters:
+                        rows = contenders.probe(drafter, request, runs[-1]["ar"].tokens)
+                        probes[drafter].setdefault(prompt_set.name, []).append(rows)
+                progress.step(task, status=prompt_set.name)
+            report_sets[prompt_set.name] = set_summary(prompt_set, tallies, runs, drafters)
+    mismatches = [d["lossless_mismatches"] or 0 for s in report_sets.values() for d in s["drafters"].values()]
+    return {
+        "model": str(model),
+        "drafters": drafters,
+        "contenders": list(runners),
+        "draft_model": str(draft) if contenders.draft is not None else None,
+        "prompts": total,
+        "max_tokens": max(r.max_tokens for s in sets for r in s.requests),
+        "threads": torch.get_num_threads(),
+        "lossless_mismatches": sum(mismatches),
+        "sets": report_sets,
+        "probe": {d: decode_probe.summary(rows, contenders.verified_at(d)) for d, rows in probes.items() if rows},
+        "drafter_training": drafter_training_report(model),
+    }
+
+
+def _cell(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(report: dict) -> str:
+    """Per set and drafter, within 80 columns: tokens/s of AR, HF greedy and DSpark, speedups, accepted and
+    verified tokens per round, mismatches; then conditional acceptance by block position."""
+    lines = [
+        f"{'set':<16}{'drafter':<8}{'AR':>6}{'HF':>6}{'DSpark':>7}{'xAR':>6}{'xHF':>6}"
+        f"{'accept':>7}{'verify':>7}{'mism':>5}",
+        "tok/s; accept: tokens a round (bonus included); verify: draft tokens verified",
     ]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
-    width = 0.8 / len(keys)
-    for i, (key, label) in enumerate(keys):
-        values = [report["categories"][n][key] or 0.0 for n in names]
-        ax.bar([x + i * width for x in range(len(names))], values, width, label=label)
-    ax.set_xticks([x + width * (len(keys) - 1) / 2 for x in range(len(names))], names)
-    ax.set_ylabel("tokens / s")
-    ax.set_title(f"bench decode: {Path(report['model']).name}, {report['prompts']} prompts")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    for name, entry in report["sets"].items():
+        tps = entry["tokens_per_s"]
+        for drafter, d in entry["drafters"].items():
+            lines.append(
+                f"{name[:15]:<16}{drafter:<8}{tps['ar']:>6.0f}{tps['hf_greedy']:>6.0f}{d['tokens_per_s']:>7.0f}"
+                f"{_cell(d['speedup'], '.2f'):>6}{_cell(d['speedup_vs_hf_greedy'], '.2f'):>6}"
+                f"{_cell(d['mean_accepted'], '.2f'):>7}{_cell(d['mean_verified'], '.2f'):>7}"
+                f"{_cell(d['lossless_mismatches'], 'd'):>5}"
+            )
+    lines.append("")
+    lines.append("conditional acceptance by draft position (decoding runs)")
+    for name, entry in report["sets"].items():
+        for drafter, d in entry["drafters"].items():
+            values = " ".join(f"{_cell(v, '.2f'):>4}" for v in d["conditional_acceptance"][:12])
+            lines.append(f"{name[:15]:<16}{drafter:<8}{values}")
+    lines.append(f"lossless mismatches (greedy): {report['lossless_mismatches']}")
+    return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--draft-model", type=Path, default=DEFAULT_DRAFT, help="draft for HF assisted generation")
-    parser.add_argument("--quick", action="store_true", help="2 prompts per category, 48 tokens (under a minute)")
-    parser.add_argument("--per-category", type=int, default=8)
+    parser.add_argument("--prompts", type=Path, help="a folder of *.jsonl prompt sets (e.g. ../shared/data/prompts)")
+    parser.add_argument("--per-set", type=int, default=30, help="prompts per --prompts set")
+    parser.add_argument("--per-category", type=int, default=8, help="held-out subtasks per category (0: none)")
+    parser.add_argument("--temperatures", default="0,1", help="comma-separated, for the --prompts sets")
+    parser.add_argument("--drafters", help="comma-separated: heads,dspark (default: those the model folder has)")
+    parser.add_argument("--quick", action="store_true", help="2 prompts per set and category, 48 tokens")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--json", type=Path, help="write the report here")
-    parser.add_argument("--plot", type=Path, help="draw tokens/s per contender and category to this PNG")
+    parser.add_argument("--plots", type=Path, help="write the PNGs to this folder")
+
+
+def choose_drafters(model: Path, requested: str | None) -> tuple[list[str], list[str]]:
+    """The drafters to run and notes on those left out; a requested drafter the folder lacks is an error."""
+    have = available_drafters(model)
+    wanted = [d.strip() for d in requested.split(",")] if requested else have
+    unknown = [d for d in wanted if d not in DRAFTERS or d not in have]
+    if unknown or not wanted:
+        raise SystemExit(f"bench decode: {model} has drafters {have or 'none'}; asked for {wanted}")
+    return wanted, [f"{model.name} has no {d} drafter: not benchmarked" for d in DRAFTERS if d not in have]
 
 
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    per_category, max_tokens = (2, 48) if args.quick else (args.per_category, args.max_tokens)
-    report = run_benchmark(args.model, args.draft_model, per_category, max_tokens)
-    text = json.dumps(report, indent=2)
-    print(text)
+    per_set, per_category, max_tokens = (2, 2, 48) if args.quick else (args.per_set, args.per_category, args.max_tokens)
+    drafters, notes = choose_drafters(args.model, args.drafters)
+    sets = held_out_sets(per_category, max_tokens) if per_category else []
+    if args.prompts:
+        temperatures = [float(t) for t in args.temperatures.split(",")]
+        sets += shared_sets(args.prompts, per_set, max_tokens, temperatures)
+    for note in notes:
+        print(f"note: {note}")
+    report = {**run_benchmark(args.model, args.draft_model, sets, drafters), "notes": notes}
+    print(format_table(report))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
-    if args.plot:
-        plot(report, args.plot)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.plots:
+        for path in decode_plots.draw_all(report, args.plots):
+            print(f"wrote {path.name}")
     return 0

@@ -120,7 +120,9 @@ def measure(
 ) -> Iterator[Measurement]:
     """One measurement per subtask, yielded as it is taken. A subtask the model cannot take (prompt longer than
     its context) is skipped and handed to ``on_skip``."""
-    warmup = GenerationRequest(messages=[{"role": "user", "content": "Say hello."}], max_tokens=WARMUP_TOKENS)
+    warmup = GenerationRequest(
+        messages=[{"role": "user", "content": "Say hello."}], max_tokens=WARMUP_TOKENS, temperature=0.0
+    )
     for backend in pools.values():
         backend.complete(warmup)
     for index, (subtask, split) in enumerate(subtasks):

@@ -35,6 +35,7 @@ from sklearn.feature_extraction.text import HashingVectorizer
 from sklearn.utils import murmurhash3_32
 
 from backends.constraints.formats import RESPONSE_FORMAT_TYPES
+from backends.types import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_P
 
 # Long prompts keep their head (the instruction) and tail (the end of the input): bounded time per request.
 TEXT_HEAD_CHARS = 3000
@@ -141,7 +142,7 @@ def structure(request: dict[str, Any], text: str | None = None) -> dict[str, flo
     stops = (
         [stop] if isinstance(stop, str) else [s for s in stop if isinstance(s, str)] if isinstance(stop, list) else []
     )
-    temperature = min(max(_number(request.get("temperature"), 1.0), 0.0), 2.0)
+    temperature = min(max(_number(request.get("temperature"), DEFAULT_TEMPERATURE), 0.0), 2.0)
     user_text = next((_content_text(m.get("content")) for m in reversed(messages) if m.get("role") == "user"), "")
     return {
         "messages": _scaled_count(len(messages)),
@@ -159,11 +160,14 @@ def structure(request: dict[str, Any], text: str | None = None) -> dict[str, flo
         "tools": _scaled_count(len(tools)),
         "tool_parameters": _scaled_count(_tool_parameters(tools)),
         "tool_choice_forced": float(tool_choice == "required" or isinstance(tool_choice, dict)),
-        # OpenAI's defaults: temperature 1, top_p 1, no max_tokens limit (scored as the backends' 256).
+        # Unset sampling arguments score as the values decoding will use (backends.types' OpenAI defaults); the
+        # router fills in policy defaults before scoring, so a configured default is seen as set.
         "temperature": temperature / 2.0,
         "greedy": float(temperature == 0.0),
-        "top_p": min(max(_number(request.get("top_p"), 1.0), 0.0), 1.0),
-        "max_tokens": _scaled_count(_number(request.get("max_tokens") or request.get("max_completion_tokens"), 256.0)),
+        "top_p": min(max(_number(request.get("top_p"), DEFAULT_TOP_P), 0.0), 1.0),
+        "max_tokens": _scaled_count(
+            _number(request.get("max_tokens") or request.get("max_completion_tokens"), DEFAULT_MAX_TOKENS)
+        ),
         "stops": len(stops) / 4.0,
         "newline_stop": float(any("\n" in s for s in stops)),
         "code_fences": _scaled_count(text.count("```")),

@@ -7,20 +7,33 @@ behind the choice, the mean tokens accepted per forward pass, and the time.
 
     python examples/agent_pipeline.py                      # the embedded default: both pools on models/dspark-mini
     python examples/agent_pipeline.py --config router.yaml --task "Plan a team offsite in Porto"
+    python examples/agent_pipeline.py --gateway            # what `make demo` runs: the same, over HTTP
+    python examples/agent_pipeline.py --base-url http://127.0.0.1:8000/v1   # a gateway that is already running
+
+In-process the subtasks go through ``Router.map``. With ``--gateway`` the example starts ``dspark-router serve`` on a
+free loopback port, sends the same subtasks to it with the openai SDK (an agent framework's view: nothing but a
+base URL), reads the decision from each response, and stops the server when done.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import socket
+import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager, nullcontext
+from typing import Any, NamedTuple
 
 from rich.console import Console
 from rich.table import Table
 
 from backends.errors import DSparkRouterError
-from router import RoutedResult, Router
+from router import Decision, RoutedResult, Router
 
 BOOKING_TOOL = {
     "type": "function",
@@ -71,6 +84,7 @@ def plan(task: str) -> list[tuple[str, dict[str, Any]]]:
             chat(
                 "You are a coding assistant. Reply with code only.",
                 "Complete the function:\ndef slugify(title: str) -> str:\n    ",
+                temperature=0,
                 max_tokens=96,
             ),
         ),
@@ -96,36 +110,124 @@ def plan(task: str) -> list[tuple[str, dict[str, Any]]]:
     ]
 
 
-def decision_cell(result: RoutedResult) -> str:
-    d = result.decision
+class Row(NamedTuple):
+    """What the table shows of one answered subtask, whether it was answered in-process or over HTTP."""
+
+    decision: Decision
+    mean_accepted: float | None
+    tokens: int
+    tokens_per_s: float
+    latency_s: float
+    text: str
+
+    @classmethod
+    def of(cls, result: RoutedResult) -> Row:
+        m = result.measured
+        usage = result.usage.completion_tokens
+        return cls(result.decision, m.mean_accepted_tokens, usage, m.tokens_per_s, m.latency_s, result.text)
+
+
+def decision_cell(d: Decision) -> str:
     why = f"score {d.score:.2f}" if d.rule == "classifier" else d.rule
     flags = [name for name in ("explored", "overflowed", "fell_back") if getattr(d, name)]
     return why + (f" ({', '.join(flags)})" if flags else "")
 
 
-def show(console: Console, labels: list[str], results: list[RoutedResult | Exception], wall_s: float) -> None:
+def show(console: Console, labels: list[str], rows: list[Row | Exception], wall_s: float, where: str = "") -> None:
     table = Table(title="Agent subtasks through the router")
     for column in ("subtask", "pool", "why", "accepted/pass", "tokens", "tok/s", "latency"):
         table.add_column(column, no_wrap=True)
     table.add_column("output", overflow="ellipsis", no_wrap=True, max_width=40)
-    for label, result in zip(labels, results):
-        if isinstance(result, Exception):
-            table.add_row(label, "-", f"[red]{type(result).__name__}[/red]", "", "", "", "", str(result)[:60])
+    for label, row in zip(labels, rows):
+        if isinstance(row, Exception):
+            table.add_row(label, "-", f"[red]{type(row).__name__}[/red]", "", "", "", "", str(row)[:60])
             continue
-        m = result.measured
-        accepted = f"{m.mean_accepted_tokens:.2f}" if m.mean_accepted_tokens is not None else "n/a"
+        accepted = f"{row.mean_accepted:.2f}" if row.mean_accepted is not None else "n/a"
         table.add_row(
             label,
-            result.decision.pool,
-            decision_cell(result),
+            row.decision.pool,
+            decision_cell(row.decision),
             accepted,
-            str(result.usage.completion_tokens),
-            f"{m.tokens_per_s:.0f}",
-            f"{m.latency_s:.2f}s",
-            result.text.strip().replace("\n", " ")[:60],
+            str(row.tokens),
+            f"{row.tokens_per_s:.0f}",
+            f"{row.latency_s:.2f}s",
+            row.text.strip().replace("\n", " ")[:60],
         )
     console.print(table)
-    console.print(f"{len(results)} subtasks in {wall_s:.2f}s")
+    console.print(f"{len(rows)} subtasks in {wall_s:.2f}s{where}")
+
+
+Answers = tuple[list[Row | Exception], float]
+
+
+def in_process(config: str | None, requests: list[dict[str, Any]], concurrency: int) -> Answers:
+    """The fan-out through ``Router.map``, timed once the models are loaded; the rows and the wall time."""
+    with Router.from_config(config) as router:
+        router.warmup()
+        started = time.perf_counter()
+        results = router.map(requests, concurrency=concurrency)
+    return [Row.of(r) if isinstance(r, RoutedResult) else r for r in results], time.perf_counter() - started
+
+
+def over_http(base_url: str, requests: list[dict[str, Any]], concurrency: int) -> Answers:
+    """The same fan-out through the gateway with the openai SDK; the decision rides on each response."""
+    import openai
+
+    client = openai.OpenAI(base_url=base_url, api_key=os.environ.get("DSPARK_ROUTER_API_KEY", "none"), max_retries=0)
+
+    def one(request: dict[str, Any]) -> Row | Exception:
+        started = time.perf_counter()
+        try:
+            completion = client.chat.completions.create(model="dspark-router/auto", **request)
+        except openai.APIError as exc:
+            return exc
+        latency = time.perf_counter() - started
+        routed = completion.model_extra["dspark_router"]
+        message = completion.choices[0].message
+        if message.tool_calls:  # shown as the model wrote it, as in-process
+            call = message.tool_calls[0].function
+            text = json.dumps({"name": call.name, "arguments": json.loads(call.arguments)}, ensure_ascii=False)
+        else:
+            text = message.content or ""
+        return Row(
+            decision=Decision.model_validate(routed["decision"]),
+            mean_accepted=routed["measured"]["mean_accepted_tokens"],
+            tokens=completion.usage.completion_tokens,
+            tokens_per_s=routed["measured"]["tokens_per_s"],
+            latency_s=latency,
+            text=text,
+        )
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        rows = list(pool.map(one, requests))
+    return rows, time.perf_counter() - started
+
+
+@contextmanager
+def local_gateway(config: str | None) -> Iterator[str]:
+    """``dspark-router serve`` on a free loopback port until the block ends; yields its base URL once ready."""
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    command = [sys.executable, "-m", "router", "serve", "--port", str(port), "--log-level", "warning"]
+    server = subprocess.Popen([*command, *(["--config", config] if config else [])])
+    try:
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"the gateway exited with status {server.returncode} before it was ready")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass  # not listening yet
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -134,19 +236,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--task", default="Plan a three-day team offsite in Lisbon")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, help="cap every subtask's max_tokens (for a quick run)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--gateway", action="store_true", help="start the REST gateway and go through it over HTTP")
+    where.add_argument("--base-url", help="go through a running gateway, e.g. http://127.0.0.1:8000/v1")
     args = parser.parse_args(argv)
     console = Console()
     subtasks = plan(args.task)
     if args.max_tokens:
         subtasks = [(label, {**request, "max_tokens": args.max_tokens}) for label, request in subtasks]
+    labels, requests = [label for label, _ in subtasks], [request for _, request in subtasks]
     try:
-        with Router.from_config(args.config) as router:
-            router.warmup()
-            started = time.perf_counter()
-            results = router.map([request for _, request in subtasks], concurrency=args.concurrency)
-            show(console, [label for label, _ in subtasks], results, time.perf_counter() - started)
-    except DSparkRouterError as exc:
-        console.print(f"[red]{exc.message}[/red]")
+        if args.gateway or args.base_url:
+            with local_gateway(args.config) if args.gateway else nullcontext(args.base_url) as base_url:
+                rows, wall_s = over_http(base_url, requests, args.concurrency)
+            show(console, labels, rows, wall_s, f" through the gateway at {base_url}")
+        else:
+            show(console, labels, *in_process(args.config, requests, args.concurrency))
+    except (DSparkRouterError, RuntimeError) as exc:
+        console.print(f"[red]{getattr(exc, 'message', exc)}[/red]")
         return 2
     return 0
 

@@ -11,6 +11,8 @@ from backends.errors import DSparkRouterError
 from benchmarks import add_bench_parser
 from classifiers.commands import COMMANDS as CLASSIFIER_COMMANDS
 from router.commands import add_route
+from router.gateway.serve import add_serve
+from router.worker import add_worker
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -21,8 +23,8 @@ def _add_generate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="path to a Hugging Face model directory")
     p.add_argument("--backend", choices=["ar", "dspark"], default="ar", help="decoding backend (default: ar)")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--temperature", type=float, default=None, help="default: OpenAI's 1.0; 0 decodes greedily")
+    p.add_argument("--top-p", type=float, default=None, help="default: OpenAI's 1.0")
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable, at most 4)")
@@ -38,11 +40,11 @@ def _generate(args: argparse.Namespace) -> int:
     from backends.types import GenerationRequest
 
     fields = {"messages": [{"role": "user", "content": args.prompt}]} if args.chat else {"prompt": args.prompt}
+    sampling = {"temperature": args.temperature, "top_p": args.top_p}
     request = GenerationRequest(
         **fields,
+        **{name: value for name, value in sampling.items() if value is not None},
         max_tokens=args.max_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
         top_k=args.top_k,
         seed=args.seed,
         stop=args.stop,
@@ -59,10 +61,19 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train DSpark span heads (from scratch with a base model, or heads only)")
-    p.add_argument("--mode", choices=["scratch", "heads"], required=True)
-    p.add_argument("--output", required=True, help="folder for the trained model (checkpoints go inside)")
-    p.add_argument("--model", help="base model for --mode heads")
+    p = sub.add_parser(
+        "train", help="train DSpark span heads (from scratch or heads only), or the published drafter on a target"
+    )
+    p.add_argument(
+        "--drafter", choices=["heads", "dspark"], default="heads", help="dspark: the published drafter for --model"
+    )
+    p.add_argument("--mode", choices=["scratch", "heads"], help="span heads: train base and heads, or heads only")
+    p.add_argument(
+        "--output",
+        required=True,
+        help="folder for the trained model (checkpoints go inside); for --drafter dspark: MODEL/dspark_drafter",
+    )
+    p.add_argument("--model", help="base model for --mode heads; the frozen target for --drafter dspark")
     p.add_argument("--tokenizer", help="scratch mode: reuse this model folder's tokenizer (for a draft model)")
     p.add_argument("--steps", type=int, default=1000)
     p.add_argument("--batch-size", type=int, default=16)
@@ -79,6 +90,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--attention-heads", type=int, default=4)
     p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--block-size", type=int, default=7, help="dspark drafter: draft tokens per block (gamma)")
+    p.add_argument("--draft-layers", type=int, default=2, help="dspark drafter: backbone layers")
+    p.add_argument("--markov-rank", type=int, default=256, help="dspark drafter: rank of the Markov head")
+    p.add_argument("--anchors", type=int, default=16, help="dspark drafter: blocks per training sequence")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=_train)
@@ -93,6 +108,10 @@ def _train(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.drafter == "dspark":
+        return _train_drafter(args)
+    if args.mode is None:
+        raise SystemExit("train: --mode is required for span heads (--drafter heads)")
     config = TrainConfig(
         mode=args.mode,
         output=Path(args.output),
@@ -116,6 +135,36 @@ def _train(args: argparse.Namespace) -> int:
     )
     report = run(config, chat_examples=args.chat_examples)
     print(json.dumps(report.__dict__, indent=2))
+    return 0
+
+
+def _train_drafter(args: argparse.Namespace) -> int:
+    """The published drafter on a frozen target: ``--self-distill`` prompts (default 2000) of the target's own
+    continuations, then confidence calibration; the report lands beside the drafter."""
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from backends.dspark.drafter_train import DrafterTrainConfig, run
+
+    if args.model is None:
+        raise SystemExit("train --drafter dspark: --model (the target) is required")
+    config = DrafterTrainConfig(
+        target=Path(args.model),
+        output=Path(args.output),
+        steps=args.steps,
+        batch_size=args.batch_size,
+        anchors=args.anchors,
+        lr=args.lr,
+        warmup=args.warmup,
+        checkpoint_every=args.checkpoint_every,
+        seed=args.seed,
+        prompts=args.self_distill or 2000,
+        distill_tokens=args.distill_tokens,
+        block_size=args.block_size,
+        layers=args.draft_layers,
+        markov_rank=args.markov_rank,
+    )
+    print(json.dumps(asdict(run(config)), indent=2))
     return 0
 
 
@@ -156,6 +205,8 @@ COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
     *CLASSIFIER_COMMANDS,
     add_bench_parser,
     add_route,
+    add_serve,
+    add_worker,
 ]
 
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from backends.types import DSparkOptions
 from router.errors import ConfigError
+from router.gateway.settings import GatewayConfig
 
 DEFAULT_CONFIG = Path(__file__).with_name("default.yaml")
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +31,57 @@ ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class SamplingDefaults(_Strict):
+    """Values for arguments a client leaves out, in place of OpenAI's (temperature 1, top_p 1; max_tokens 256).
+
+    On the policy they are filled in before routing, so rules, the classifier and the decision log see them as
+    if the client had sent them. On a pool they are that pool's own decoding choice (a greedy DSpark pool, say),
+    filled in when the request is admitted there: the pool is not known before routing, so rules and the
+    classifier see the policy's value, and the decision record shows the one the pool decoded with.
+    """
+
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(default=None, ge=1)
+
+    def values(self) -> dict[str, float | int]:
+        return {name: value for name, value in self if value is not None}
+
+
+class RedisTransport(_Strict):
+    """How a pool's jobs travel to workers on other hosts (``transport: redis``); see ``router/redis_pool.py``."""
+
+    prefix: str = Field(
+        default="dspark-router", pattern=r"^[A-Za-z0-9_.:-]+$", description="key prefix: deployments sharing a Redis"
+    )
+
+    visibility_timeout_s: float = Field(
+        default=30.0, gt=0, description="a job whose worker sent no heartbeat for this long is run by another"
+    )
+    max_deliveries: int = Field(default=3, ge=1, description="deliveries before a job goes to the dead-letter stream")
+    heartbeat_s: float = Field(default=2.0, gt=0, description="how often workers report liveness and load")
+    reply_ttl_s: float = Field(default=600.0, gt=0, description="how long a request's reply stream outlives it")
+    connect_timeout_s: float = Field(
+        default=1.0, gt=0, description="the longest an unreachable Redis may hold up a request before it gets a 503"
+    )
+
+    @model_validator(mode="after")
+    def _heartbeats_fit(self) -> RedisTransport:
+        if self.heartbeat_s * 3 > self.visibility_timeout_s:
+            raise ValueError("visibility_timeout_s must be at least 3 heartbeats, or live workers lose their jobs")
+        return self
+
+
+class HealthConfig(_Strict):
+    """When a pool counts as down (LiteLLM's router semantics; see ``router/health.py``)."""
+
+    allowed_fails: int = Field(default=3, ge=1, description="failures in a row before the pool is cooled down")
+    cooldown_s: float = Field(default=30.0, gt=0, description="how long a cooled-down pool takes no requests")
+    check_interval_s: float | None = Field(
+        default=10.0, gt=0, description="health checks of remote engines and Redis pools; null: none"
+    )
 
 
 class PoolConfig(_Strict):
@@ -44,7 +96,21 @@ class PoolConfig(_Strict):
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     timeout_s: float = Field(default=120.0, gt=0)
+    max_tokens: int | None = Field(
+        default=None, ge=1, description="the most tokens one request may ask of this pool; more is refused (400)"
+    )
+    defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
     decoding: DSparkOptions | None = None
+    drafter: Literal["heads", "dspark"] = Field(
+        default="heads",
+        description="dspark pools: span heads, or the published drafter (the model folder's dspark_drafter/)",
+    )
+    transport: Literal["inprocess", "redis"] = Field(
+        default="inprocess", description="inprocess: workers are threads here; redis: `dspark-router worker` processes"
+    )
+    redis_url: str | None = Field(default=None, description="for transport redis; else the top-level redis_url")
+    redis: RedisTransport = Field(default_factory=RedisTransport)
+    health: HealthConfig = Field(default_factory=HealthConfig)
 
     @field_validator("api_base", "api_key")
     @classmethod
@@ -62,7 +128,13 @@ class PoolConfig(_Strict):
 
     @property
     def local(self) -> bool:
+        """Whether the pool's model is a folder (loaded here or, with transport redis, by its workers)."""
         return self.backend != "litellm"
+
+    @property
+    def loads_here(self) -> bool:
+        """Whether this process loads the model: a router in front of Redis workers needs no model on disk."""
+        return self.local and self.transport == "inprocess"
 
 
 class TemperatureRange(_Strict):
@@ -142,6 +214,7 @@ class PolicyConfig(_Strict):
         description="share of dspark/standard requests replayed on the other pool once answered, to log a speedup",
     )
     seed: int = 0
+    defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
     tenants: dict[str, TenantOverride] = Field(default_factory=dict)
 
 
@@ -159,6 +232,7 @@ class RouterConfig(_Strict):
     policy: PolicyConfig = Field(default_factory=PolicyConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     redis_url: str | None = None
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
     @field_validator("pools")
     @classmethod
@@ -188,7 +262,7 @@ def load_config(path: str | Path | None = None, *, check_paths: bool = True) -> 
     if check_paths:
         hint = "" if path is not None else f" (train the demo model with `make model`, or set {MODEL_ENV})"
         for name, pool in config.pools.items():
-            if pool.local and not Path(pool.model).is_dir():
+            if pool.loads_here and not Path(pool.model).is_dir():
                 raise ConfigError(f"pools.{name}.model", f"{pool.model!r} is not a model folder{hint}", source=source)
     return config
 
@@ -261,6 +335,19 @@ def _check_references(config: RouterConfig, source: str | None) -> None:
             names.add(rule.name)
     for tenant, override in policy.tenants.items():
         check(f"policy.tenants.{tenant}.default_pool", override.default_pool)
+    default_tokens = policy.defaults.max_tokens
+    for name, pool in config.pools.items():
+        if default_tokens is not None and pool.max_tokens is not None and default_tokens > pool.max_tokens:
+            raise ConfigError(
+                "policy.defaults.max_tokens",
+                f"{default_tokens} is above pool {name!r}'s max_tokens cap of {pool.max_tokens}",
+                source=source,
+            )
+    for name, pool in config.pools.items():
+        if pool.transport == "redis" and not (pool.redis_url or config.redis_url):
+            raise ConfigError(
+                f"pools.{name}.transport", "redis needs redis_url, on the pool or at the top level", source=source
+            )
     if config.log.redis_stream and not config.redis_url:
         raise ConfigError("log.redis_stream", "needs redis_url at the top level", source=source)
 
@@ -269,6 +356,12 @@ def _resolve_paths(config: RouterConfig, base_dir: Path) -> RouterConfig:
     pools = {
         name: pool.model_copy(update={"model": str(base_dir / Path(pool.model).expanduser())}) if pool.local else pool
         for name, pool in config.pools.items()
+    }
+    pools = {
+        name: pool.model_copy(update={"redis_url": pool.redis_url or config.redis_url})
+        if pool.transport == "redis"
+        else pool
+        for name, pool in pools.items()
     }
     policy = config.policy
     if policy.classifier not in (None, "default"):

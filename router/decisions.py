@@ -11,7 +11,20 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from backends.types import GenerationResult, StreamChunk, Usage
+from backends.types import GenerationRequest, GenerationResult, StreamChunk, Usage
+
+
+class Sampling(BaseModel):
+    """What the serving pool decodes with: the client's values, else the policy's or the pool's defaults, else
+    OpenAI's (temperature 1, top_p 1) and the backends' 256 tokens."""
+
+    temperature: float
+    top_p: float
+    max_tokens: int
+
+    @classmethod
+    def of(cls, request: GenerationRequest) -> Sampling:
+        return cls(temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_tokens)
 
 
 class Decision(BaseModel):
@@ -27,6 +40,7 @@ class Decision(BaseModel):
     shadow: str | None = Field(
         default=None, description="the pool the request is replayed on once answered, to measure its speedup"
     )
+    sampling: Sampling | None = Field(default=None, description="the settings the pool decodes (would decode) with")
 
 
 class Measured(BaseModel):

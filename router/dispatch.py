@@ -19,9 +19,11 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 
 from backends.errors import DSparkRouterError, InvalidRequestError
-from backends.types import GenerationResult, StreamChunk
-from router.decisions import Decision, Measured, RoutedResult, RouteRecord
-from router.errors import PoolClosedError, QueueFullError, StreamClosed
+from backends.types import GenerationRequest, GenerationResult, StreamChunk
+from router.config import PoolConfig
+from router.decisions import Decision, Measured, RoutedResult, RouteRecord, Sampling
+from router.errors import PoolClosedError, PoolUnavailableError, QueueFullError, StreamClosed
+from router.health import PoolHealth
 from router.metrics import RouterMetrics
 from router.pools import WAIT_GRACE_S, Pool
 from router.records import DecisionLog
@@ -34,13 +36,17 @@ class Dispatcher:
     def __init__(
         self,
         pools: dict[str, Pool],
+        configs: dict[str, PoolConfig],
         overflow: dict[str, str],
         fallback: dict[str, str],
         metrics: RouterMetrics,
         log: DecisionLog,
+        health: dict[str, PoolHealth],
         speed_pair: tuple[str, str] = ("dspark", "standard"),
     ) -> None:
         self.pools = pools
+        self.configs = configs
+        self.health = health
         self.overflow = overflow
         self.fallback = fallback
         self.metrics = metrics
@@ -53,12 +59,16 @@ class Dispatcher:
         flight.submit()
         return flight
 
-    def preview(self, decision: Decision) -> Decision:
-        """The decision as admission would leave it right now: spilled if its pool is full and may spill."""
+    def preview(self, routed: RoutedRequest, decision: Decision) -> Decision:
+        """The decision as admission would leave it right now: spilled if its pool is full and may spill, with the
+        sampling settings that pool would decode with."""
         target = self.overflow.get(decision.pool)
         if target is not None and self.pools[decision.pool].full:
-            return spilled(decision, target)
-        return decision
+            decision = spilled(decision, target)
+        return with_sampling(decision, self.request_for(routed, decision.pool))
+
+    def request_for(self, routed: RoutedRequest, pool: str) -> GenerationRequest:
+        return routed.for_pool(pool, self.configs[pool])
 
     def budget_s(self, pool: str) -> float:
         """An upper bound on how long a request first sent to ``pool`` can take, spill and fallback included."""
@@ -74,6 +84,10 @@ class Dispatcher:
         dspark_time = dspark["wall_time_s"] / dspark["completion_tokens"]
         standard_time = standard["wall_time_s"] / standard["completion_tokens"]
         return standard_time / dspark_time if dspark_time > 0 else None
+
+
+def with_sampling(decision: Decision, request: GenerationRequest) -> Decision:
+    return decision.model_copy(update={"sampling": Sampling.of(request)})
 
 
 def spilled(decision: Decision, target: str) -> Decision:
@@ -94,15 +108,28 @@ class Flight:
         self.routed = routed
         self.decision = decision
         self.on_delta = on_delta
+        self.admitted = routed.request
         self.budget_s = dispatcher.budget_s(decision.pool)
         self.outcome: Future[RoutedResult] = Future()
         self._started = time.perf_counter()
         self._first_delta_at: float | None = None
+        self._attempt: Future[GenerationResult] | None = None
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Stop the request for a caller that went away: an attempt still queued leaves its pool's queue now, a
+        running one ends at its next chunk (within one decoding step), and nothing is retried elsewhere. The outcome
+        fails with :class:`StreamClosed`; cancelling a finished flight changes nothing."""
+        if self.outcome.done():
+            return
+        self._cancelled = True
+        if self._attempt is not None:
+            self._attempt.cancel()  # succeeds only while the attempt waits for a worker
 
     def submit(self) -> None:
         d = self.dispatcher
         try:
-            attempt = d.pools[self.decision.pool].submit(self.routed.request, on_chunk=self._on_chunk)
+            attempt = self._submit_to_decided_pool()
         except QueueFullError as full:
             target = d.overflow.get(self.decision.pool)
             if target is None or self.decision.overflowed:
@@ -110,12 +137,30 @@ class Flight:
             d.metrics.overflows.labels(self.decision.pool, target).inc()
             self.decision = spilled(self.decision, target)
             try:
-                attempt = d.pools[target].submit(self.routed.request, on_chunk=self._on_chunk)
+                attempt = self._submit_to_decided_pool()
             except QueueFullError as also_full:
                 raise QueueFullError(f"{full.message}; {also_full.message}") from None
+        except PoolUnavailableError as down:  # cooled down or unreachable: its fallback, at once, if it has one
+            target = d.fallback.get(self.decision.pool)
+            if target is None or self.decision.fell_back:
+                raise
+            self._fell_back_to(target, down)
+            attempt = self._submit_to_decided_pool()
+        self._attempt = attempt
         attempt.add_done_callback(self._attempt_done)
 
+    def _submit_to_decided_pool(self) -> Future[GenerationResult]:
+        """The request as the decision's pool decodes it (its defaults and cap), recorded in the decision first,
+        since the worker may report chunks before ``submit`` returns."""
+        pool = self.decision.pool
+        self.dispatcher.health[pool].admit()
+        self.admitted = self.dispatcher.request_for(self.routed, pool)
+        self.decision = with_sampling(self.decision, self.admitted)
+        return self.dispatcher.pools[pool].submit(self.admitted, on_chunk=self._on_chunk)
+
     def _on_chunk(self, chunk: StreamChunk) -> None:
+        if self._cancelled:  # before the empty-delta check: a step that streams nothing still ends here
+            raise StreamClosed("the request was cancelled")
         if not chunk.delta:
             return
         if self._first_delta_at is None:
@@ -126,7 +171,8 @@ class Flight:
     def _attempt_done(self, attempt: Future[GenerationResult]) -> None:
         """Runs in the worker that finished; whatever happens here must resolve ``outcome``, or a caller would hang."""
         try:
-            error = PoolClosedError("the pool was closed") if attempt.cancelled() else attempt.exception()
+            error = self._attempt_error(attempt)
+            self._count_health(error)
             if error is None:
                 self._succeed(attempt.result())
             elif not self._fall_back(error):
@@ -134,22 +180,39 @@ class Flight:
         except BaseException as exc:
             self._fail(exc)
 
+    def _attempt_error(self, attempt: Future[GenerationResult]) -> BaseException | None:
+        if not attempt.cancelled():
+            return attempt.exception()
+        return StreamClosed("the request was cancelled") if self._cancelled else PoolClosedError("the pool was closed")
+
     def _fall_back(self, error: BaseException) -> bool:
         d = self.dispatcher
         target = d.fallback.get(self.decision.pool)
         streamed = self.on_delta is not None and self._first_delta_at is not None
-        if target is None or self.decision.fell_back or streamed or not retryable(error):
+        if self._cancelled or target is None or self.decision.fell_back or streamed or not retryable(error):
             return False
-        d.metrics.failed(self.decision.pool, error)
-        d.metrics.fallbacks.labels(self.decision.pool, target).inc()
-        reason = f"{self.decision.reason}; {self.decision.pool!r} failed ({error}), fell back to {target!r}"
-        self.decision = self.decision.model_copy(update={"pool": target, "fell_back": True, "reason": reason})
+        self._fell_back_to(target, error)
         self._first_delta_at = None
         try:
             self.submit()
         except DSparkRouterError as again:
             self._fail(again)
         return True
+
+    def _fell_back_to(self, target: str, error: BaseException) -> None:
+        d = self.dispatcher
+        d.metrics.failed(self.decision.pool, error)
+        d.metrics.fallbacks.labels(self.decision.pool, target).inc()
+        reason = f"{self.decision.reason}; {self.decision.pool!r} failed ({error}), fell back to {target!r}"
+        self.decision = self.decision.model_copy(update={"pool": target, "fell_back": True, "reason": reason})
+
+    def _count_health(self, error: BaseException | None) -> None:
+        """A pool's own failures count towards its cooldown; a bad request or a caller gone away does not."""
+        health = self.dispatcher.health[self.decision.pool]
+        if error is None:
+            health.succeeded()
+        elif retryable(error):
+            health.failed(error)
 
     def _succeed(self, result: GenerationResult) -> None:
         now = time.perf_counter()
@@ -175,14 +238,14 @@ class Flight:
         _resolve(self.outcome, result=routed)
 
     def _start_shadow(self) -> Future[GenerationResult] | None:
-        """The replay on the decision's shadow pool; None when there is none, the request ended up there anyway
-        (spilled, fell back), or the pool has no room."""
+        """The replay of the answered request, as it was decoded, on the decision's shadow pool; None when there is
+        none, the request ended up there anyway (spilled, fell back), or the pool has no room."""
         name = self.decision.shadow
         d = self.dispatcher
         if name is None or name == self.decision.pool:
             return None
         try:
-            return d.pools[name].submit(self.routed.request)
+            return d.pools[name].submit(self.admitted)
         except DSparkRouterError:  # full (QueueFullError) or closed: the record goes out without a speedup
             d.metrics.shadow_runs.labels(name, "skipped").inc()
             return None

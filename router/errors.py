@@ -23,11 +23,19 @@ class RoutingError(InvalidRequestError):
     """The policy could not place the request: no rule matched, no classifier, no default pool."""
 
 
+class ModelNotFoundError(InvalidRequestError):
+    """``model`` names neither ``auto`` nor a pool: OpenAI's 404, so clients report a wrong model name as such."""
+
+    status_code = 404
+    code = "model_not_found"
+
+
 class QueueFullError(DSparkRouterError):
     """Every pool the request may go to has a full queue; retry later."""
 
     error_type = "queue_full_error"
     status_code = 429
+    code = "queue_full"
 
 
 class PoolTimeoutError(BackendError):
@@ -45,3 +53,17 @@ class StreamClosed(DSparkRouterError):
     """The consumer of a stream went away; raised inside the worker to stop decoding early."""
 
     error_type = "stream_closed"
+
+
+class PoolUnavailableError(BackendError):
+    """A pool's transport (its Redis) cannot be reached right now: retry later; in-process pools still serve."""
+
+    error_type = "service_unavailable"
+    status_code = 503
+
+
+class JobDeadLetteredError(BackendError):
+    """A job was delivered to workers ``max_deliveries`` times and never finished (each worker died on it); it is
+    kept in the pool's dead-letter stream instead of being retried forever."""
+
+    code = "dead_lettered"

@@ -5,9 +5,9 @@ runs through a :class:`~router.sdk.Router` in this process.
 litellm passes ``metadata`` through, so ``metadata={"route": ..., "tenant": ..., "tags": [...]}`` works as with
 the SDK, and ``user`` becomes the tenant. The decision rides on the response's message as
 ``provider_specific_fields["dspark_router"]``. Router errors need no translation: litellm maps an exception by its
-``status_code``, so a refused request arrives as ``litellm.BadRequestError``, full queues as ``RateLimitError``, a
-pool's failure as ``BadGatewayError`` (``InternalServerError`` for a model that cannot load) and a timeout as
-``litellm.Timeout``.
+``status_code``, so a refused request arrives as ``litellm.BadRequestError`` (an unknown model as ``NotFoundError``),
+full queues as ``RateLimitError``, a pool's failure as ``BadGatewayError`` (``InternalServerError`` for a model
+that cannot load) and a timeout as ``litellm.Timeout``.
 """
 
 from __future__ import annotations

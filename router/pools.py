@@ -208,13 +208,22 @@ def load_backend(config: PoolConfig) -> Backend:
 
         return AutoregressiveBackend.from_pretrained(config.model, device=config.device, dtype=config.dtype)
     if config.backend == "dspark":
-        from backends.dspark import DSparkBackend, SpanPolicy
+        from backends.dspark import DSparkBackend
 
-        backend = DSparkBackend.from_pretrained(config.model, device=config.device, dtype=config.dtype)
-        if config.decoding is None:
-            return backend
-        heads = backend.model.dspark_config.num_heads
-        return DSparkBackend(backend.model, SpanPolicy.resolve(backend.policy, config.decoding, heads))
+        backend = DSparkBackend.from_pretrained(
+            config.model, device=config.device, dtype=config.dtype, drafter=config.drafter
+        )
+        return backend.with_options(config.decoding)
     from router.litellm_backend import LiteLLMBackend
 
     return LiteLLMBackend(config.model, api_base=config.api_base, api_key=config.api_key, timeout_s=config.timeout_s)
+
+
+def build_pool(name: str, config: PoolConfig) -> Pool:
+    """The pool a config entry describes: worker threads here, or a queue to ``dspark-router worker`` processes
+    (imported only then, as it builds on this module)."""
+    if config.transport == "redis":
+        from router.redis_pool import RedisPool
+
+        return RedisPool(name, config)
+    return InProcessPool.from_config(name, config)

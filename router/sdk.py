@@ -8,11 +8,17 @@ honoured; ``model`` (``dspark-router/auto``, ``dspark-router/<pool>``), ``metada
 ``tags``) and ``user`` (the tenant when metadata has none) steer routing; OpenAI arguments the backends cannot
 honour are accepted at their no-op value (``n=1``, ``presence_penalty=0``, ...) and refused by name otherwise.
 ``stream=True`` makes ``complete``/``acomplete`` return the chunk iterator, as the OpenAI client does.
+
+``request_id`` (keyword-only, beside the OpenAI arguments rather than among them) names the request in its
+result and its decision record: the gateway passes the client's ``x-request-id`` so both sides log one id.
+A caller that stops waiting stops the work: a cancelled or timed-out ``acomplete``, an interrupted ``complete``
+and a stream left early each cancel their flight, which ends decoding within one step and frees the pool slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from enum import Enum
@@ -25,9 +31,10 @@ from router.decisions import Decision, RoutedChunk, RoutedResult
 from router.dispatch import Dispatcher, Flight, OnDelta
 from router.errors import ConfigError, PoolTimeoutError
 from router.feeds import AsyncFeed, Feed
+from router.health import HealthChecks, PoolHealth, probe_for
 from router.metrics import RouterMetrics
 from router.policy import Policy
-from router.pools import InProcessPool, Pool, wait_result
+from router.pools import Pool, build_pool, wait_result
 from router.records import DecisionLog
 from router.request import parse_openai_args
 
@@ -66,22 +73,25 @@ class Router:
 
             scorer = resolve_scorer(config.policy.classifier)
         self.config = config
-        self.pools: dict[str, Pool] = dict(
-            pools or {n: InProcessPool.from_config(n, c) for n, c in config.pools.items()}
-        )
+        self.pools: dict[str, Pool] = dict(pools or {n: build_pool(n, c) for n, c in config.pools.items()})
         self.policy = Policy(config.policy, scorer)
         self.metrics = RouterMetrics()
         self.metrics.watch(self.pools)
         self.log = DecisionLog.from_config(config.log, config.redis_url)
+        self.health = {n: PoolHealth(n, config.pools[n], probe_for(config.pools[n], p)) for n, p in self.pools.items()}
+        self._health_checks = HealthChecks(self.health)
         self.dispatcher = Dispatcher(
             self.pools,
+            config.pools,
             config.policy.overflow,
             config.policy.fallback,
             self.metrics,
             self.log,
+            self.health,
             speed_pair=(config.policy.dspark_pool, config.policy.standard_pool),
         )
         self._pool_names = frozenset(self.pools)
+        self._defaults = config.policy.defaults.values()
 
     @classmethod
     def from_config(
@@ -96,50 +106,79 @@ class Router:
 
     def route(self, **args: Any) -> Decision:
         """The decision for these arguments, without generating: nothing is counted, logged or loaded."""
-        routed = parse_openai_args(args, self._pool_names)
-        return self.dispatcher.preview(self.policy.decide(routed))
+        routed = parse_openai_args(args, self._pool_names, self._defaults)
+        return self.dispatcher.preview(routed, self.policy.decide(routed))
 
     @overload
-    def complete(self, *, stream: Literal[False] = False, **args: Any) -> RoutedResult: ...
+    def complete(
+        self, *, stream: Literal[False] = False, request_id: str | None = None, **args: Any
+    ) -> RoutedResult: ...
 
     @overload
-    def complete(self, *, stream: Literal[True], **args: Any) -> Iterator[RoutedChunk]: ...
+    def complete(
+        self, *, stream: Literal[True], request_id: str | None = None, **args: Any
+    ) -> Iterator[RoutedChunk]: ...
 
-    def complete(self, *, stream: bool = False, **args: Any) -> RoutedResult | Iterator[RoutedChunk]:
+    def complete(
+        self, *, stream: bool = False, request_id: str | None = None, **args: Any
+    ) -> RoutedResult | Iterator[RoutedChunk]:
         if stream:
-            return self.stream(**args)
-        flight = self._start(args)
-        return wait_result(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}")
-
-    @overload
-    async def acomplete(self, *, stream: Literal[False] = False, **args: Any) -> RoutedResult: ...
-
-    @overload
-    async def acomplete(self, *, stream: Literal[True], **args: Any) -> AsyncIterator[RoutedChunk]: ...
-
-    async def acomplete(self, *, stream: bool = False, **args: Any) -> RoutedResult | AsyncIterator[RoutedChunk]:
-        if stream:
-            return self.astream(**args)
-        flight = self._start(args)
+            return self.stream(request_id=request_id, **args)
+        flight = self._start(args, request_id=request_id)
         try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(flight.outcome)), flight.budget_s)
+            return wait_result(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}")
+        finally:
+            flight.cancel()
+
+    @overload
+    async def acomplete(
+        self, *, stream: Literal[False] = False, request_id: str | None = None, **args: Any
+    ) -> RoutedResult: ...
+
+    @overload
+    async def acomplete(
+        self, *, stream: Literal[True], request_id: str | None = None, **args: Any
+    ) -> AsyncIterator[RoutedChunk]: ...
+
+    async def acomplete(
+        self, *, stream: bool = False, request_id: str | None = None, **args: Any
+    ) -> RoutedResult | AsyncIterator[RoutedChunk]:
+        if stream:
+            return self.astream(request_id=request_id, **args)
+        flight = self._start(args, request_id=request_id)
+        outcome = asyncio.wrap_future(flight.outcome)
+        try:
+            return await asyncio.wait_for(asyncio.shield(outcome), flight.budget_s)
         except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
             raise PoolTimeoutError(f"pool {flight.decision.pool!r} gave no answer in {flight.budget_s:g}s") from None
+        finally:
+            flight.cancel()  # timed out, or the awaiting task was cancelled (its client went away)
+            outcome.add_done_callback(_abandoned)
 
-    def stream(self, **args: Any) -> Iterator[RoutedChunk]:
+    def stream(self, *, request_id: str | None = None, **args: Any) -> Iterator[RoutedChunk]:
         """Chunks with their decision; the last carries the whole result. Leaving the loop early stops decoding."""
         feed: Feed[tuple[str, Decision]] = Feed()
-        flight = self._start({**args, "stream": True}, on_delta=lambda delta, decision: feed.put((delta, decision)))
-        for delta, decision in feed.drain(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}"):
-            yield RoutedChunk(delta=delta, decision=decision)
-        yield _last_chunk(flight.outcome.result())
+        flight = self._start(
+            {**args, "stream": True}, lambda delta, decision: feed.put((delta, decision)), request_id=request_id
+        )
+        try:
+            for delta, decision in feed.drain(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}"):
+                yield RoutedChunk(delta=delta, decision=decision)
+            yield _last_chunk(flight.outcome.result())
+        finally:
+            flight.cancel()
 
-    async def astream(self, **args: Any) -> AsyncIterator[RoutedChunk]:
+    async def astream(self, *, request_id: str | None = None, **args: Any) -> AsyncIterator[RoutedChunk]:
         feed: AsyncFeed[tuple[str, Decision]] = AsyncFeed()
-        flight = self._start({**args, "stream": True}, on_delta=lambda delta, decision: feed.put((delta, decision)))
-        async for delta, decision in feed.drain(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}"):
-            yield RoutedChunk(delta=delta, decision=decision)
-        yield _last_chunk(flight.outcome.result())
+        flight = self._start(
+            {**args, "stream": True}, lambda delta, decision: feed.put((delta, decision)), request_id=request_id
+        )
+        try:
+            async for delta, decision in feed.drain(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}"):
+                yield RoutedChunk(delta=delta, decision=decision)
+            yield _last_chunk(flight.outcome.result())
+        finally:
+            flight.cancel()
 
     def map(
         self, subtasks: Iterable[Mapping[str, Any]], *, concurrency: int = 4, return_exceptions: bool = True
@@ -182,7 +221,13 @@ class Router:
         """This router's metrics in the Prometheus exposition format."""
         return self.metrics.text()
 
+    def unavailable(self) -> dict[str, str]:
+        """Pools that take no requests right now (cooled down after failures, or their Redis unreachable), and why:
+        what a readiness check reports."""
+        return {name: problem for name, health in self.health.items() if (problem := health.report()) is not None}
+
     def close(self) -> None:
+        self._health_checks.close()
         for pool in self.pools.values():
             pool.close()
         self.log.close()
@@ -193,11 +238,13 @@ class Router:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _start(self, args: dict[str, Any], on_delta: OnDelta | None = None) -> Flight:
+    def _start(self, args: dict[str, Any], on_delta: OnDelta | None = None, *, request_id: str | None = None) -> Flight:
         """Parse, decide and admit; a failure here (bad request, no place, full queues) is raised to the caller."""
         pool = "none"
         try:
-            routed = parse_openai_args(args, self._pool_names)
+            routed = parse_openai_args(args, self._pool_names, self._defaults)
+            if request_id is not None:
+                routed = dataclasses.replace(routed, request_id=request_id)
             decision = self.policy.decide(routed)
             pool = decision.pool
             self.metrics.decided(decision)
@@ -205,6 +252,12 @@ class Router:
         except Exception as exc:
             self.metrics.failed(pool, exc)
             raise
+
+
+def _abandoned(outcome: asyncio.Future[RoutedResult]) -> None:
+    """Read the outcome of a flight nobody awaits any more, so asyncio does not report its error as lost."""
+    if not outcome.cancelled():
+        outcome.exception()
 
 
 def _last_chunk(result: RoutedResult) -> RoutedChunk:

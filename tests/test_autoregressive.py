@@ -39,7 +39,7 @@ def test_is_a_backend(backend):
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_equals_generate_token_for_token(backend, prompt):
-    result = backend.complete(GenerationRequest(prompt=prompt, max_tokens=48))
+    result = backend.complete(GenerationRequest(prompt=prompt, max_tokens=48, temperature=0.0))
     assert result.token_ids == _reference_greedy(backend, prompt, 48)
     assert result.text == backend.loaded.tokenizer.decode(result.token_ids, skip_special_tokens=True)
     assert result.usage.completion_tokens == len(result.token_ids)
@@ -57,7 +57,7 @@ def test_seeded_sampling_is_reproducible_and_seed_dependent(backend):
 
 def test_top_k_one_is_greedy(backend):
     sampled = backend.complete(GenerationRequest(prompt="def f(", max_tokens=16, temperature=1.3, top_k=1, seed=3))
-    greedy = backend.complete(GenerationRequest(prompt="def f(", max_tokens=16))
+    greedy = backend.complete(GenerationRequest(prompt="def f(", max_tokens=16, temperature=0.0))
     assert sampled.token_ids == greedy.token_ids
 
 
@@ -70,7 +70,7 @@ def test_eos_ends_the_completion(backend):
 
     hook = backend.loaded.model.get_output_embeddings().register_forward_hook(prefer_eos)
     try:
-        result = backend.complete(GenerationRequest(prompt="hello", max_tokens=8))
+        result = backend.complete(GenerationRequest(prompt="hello", max_tokens=8, temperature=0.0))
     finally:
         hook.remove()
     assert result.finish_reason == "eos"
@@ -79,7 +79,7 @@ def test_eos_ends_the_completion(backend):
 
 
 def test_chat_messages_use_the_chat_template(backend):
-    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0.0)
     expected = backend.loaded.tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=True, return_dict=False
     )
@@ -87,14 +87,14 @@ def test_chat_messages_use_the_chat_template(backend):
 
 
 def test_stream_deltas_join_to_the_result(backend):
-    chunks = list(backend.stream(GenerationRequest(prompt="def f(", max_tokens=20)))
+    chunks = list(backend.stream(GenerationRequest(prompt="def f(", max_tokens=20, temperature=0.0)))
     assert chunks[-1].result is not None
     assert "".join(c.delta for c in chunks) == chunks[-1].result.text
     assert [c.finish_reason for c in chunks[:-1]] == [None] * (len(chunks) - 1)
 
 
 def test_async_forms_agree_with_sync(backend):
-    request = GenerationRequest(prompt="class A:", max_tokens=12)
+    request = GenerationRequest(prompt="class A:", max_tokens=12, temperature=0.0)
 
     async def run():
         result = await backend.acomplete(request)
@@ -112,7 +112,7 @@ def test_an_abandoned_async_stream_stops_decoding(backend):
     hook = backend.loaded.model.register_forward_hook(lambda *_: passes.append(1))
 
     async def first_chunk_only():
-        stream = backend.astream(GenerationRequest(prompt="def f(", max_tokens=400))
+        stream = backend.astream(GenerationRequest(prompt="def f(", max_tokens=400, temperature=0.0))
         async for _ in stream:
             break
         await stream.aclose()

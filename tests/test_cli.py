@@ -23,7 +23,7 @@ def model(tiny_model_paths):
 
 
 def test_generate_json_prints_the_result_fields(model):
-    proc = _cli("generate", "--model", model, "--max-tokens", "6", "--json", "def f(")
+    proc = _cli("generate", "--model", model, "--max-tokens", "6", "--temperature", "0", "--json", "def f(")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout)
     assert result["finish_reason"] == "length"

@@ -69,7 +69,7 @@ TOOLS = [
 
 
 def _request(**fields) -> GenerationRequest:
-    return GenerationRequest(prompt="Answer:", **fields)
+    return GenerationRequest(**{"prompt": "Answer:", "temperature": 0.0, **fields})
 
 
 def _schema_format(schema: dict) -> dict:

@@ -50,7 +50,7 @@ def test_greedy_dspark_equals_greedy_ar(pair, thresholds):
     dspark = DSparkBackend(model, SpanPolicy((1, 2, 4), thresholds))
     rejected = 0
     for prompt in PROMPTS:
-        request = GenerationRequest(prompt=prompt, max_tokens=40)
+        request = GenerationRequest(prompt=prompt, max_tokens=40, temperature=0.0)
         reference, result = ar.complete(request), dspark.complete(request)
         ids = ar.loaded.tokenizer(prompt)["input_ids"]
         assert_equal_or_near_tie(model, ids, reference.token_ids, result.token_ids)
@@ -65,7 +65,7 @@ def test_each_span_length_is_proposed_and_verified(pair):
     _, model = pair
     for lengths, expected in [((1,), 1), ((1, 2), 2), ((1, 2, 4), 4)]:
         dspark = DSparkBackend(model, SpanPolicy(lengths, {2: 0.0, 4: 0.0}))
-        spans = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=24)).stats.spans
+        spans = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=24, temperature=0.0)).stats.spans
         assert set(spans.proposed_span_hist) == {expected}
         assert max(spans.accepted_span_hist) <= expected
         assert len(spans.acceptance_by_offset) == max(lengths) - 1
@@ -74,7 +74,7 @@ def test_each_span_length_is_proposed_and_verified(pair):
 def test_unreachable_thresholds_fall_back_to_single_tokens(pair):
     _, model = pair
     dspark = DSparkBackend(model, SpanPolicy((1, 2, 4), {2: 1.01, 4: 1.01}))
-    spans = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=16)).stats.spans
+    spans = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=16, temperature=0.0)).stats.spans
     assert spans.proposed_span_hist == {1: spans.steps}
     assert spans.fallback_rate == 1.0
 
@@ -82,14 +82,14 @@ def test_unreachable_thresholds_fall_back_to_single_tokens(pair):
 def test_request_options_override_the_pool(pair):
     _, model = pair
     dspark = DSparkBackend(model, SpanPolicy((1, 2, 4), {2: 0.0, 4: 0.0}))
-    request = GenerationRequest(prompt="def f(", max_tokens=16, dspark={"max_span": 2})
+    request = GenerationRequest(prompt="def f(", max_tokens=16, temperature=0.0, dspark={"max_span": 2})
     assert set(dspark.complete(request).stats.spans.proposed_span_hist) == {2}
 
 
 def test_confidence_mode_commits_whole_spans(pair):
     _, model = pair
     dspark = DSparkBackend(model, SpanPolicy((1, 2, 4), {2: 0.0, 4: 0.0}, verification="confidence"))
-    result = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=40))
+    result = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=40, temperature=0.0))
     assert result.stats.spans.acceptance_by_offset == [1.0, 1.0, 1.0]
     assert result.stats.spans.mean_accepted == 4.0
 
@@ -111,6 +111,28 @@ def test_verify_sampled_keeps_the_target_distribution():
             bonus[next_token] += 1
     assert 0.5 * (first / trials - p).abs().sum().item() < 0.015
     assert 0.5 * (bonus / bonus.sum() - after).abs().sum().item() < 0.02
+
+
+def test_a_draft_token_the_grammar_refuses_counts_as_a_rejection():
+    """Under a grammar the draft is cut before a token the grammar refuses (p = 0 there). That token was drafted
+    from q, so the token in its place must come from max(0, p - q): drawing it from p would over-weight what q
+    already favoured. The committed token is then distributed as p."""
+    generator = torch.Generator().manual_seed(1)
+    vocab, trials, refused = 6, 20_000, {0, 1}
+    p = torch.softmax(torch.randn(vocab, generator=generator) * 1.5, dim=0)
+    p[list(refused)] = 0.0
+    p /= p.sum()
+    q = torch.softmax(torch.randn(vocab, generator=generator) * 1.5, dim=0)
+    counts = torch.zeros(vocab)
+    for _ in range(trials):
+        draft = int(sample(q, generator))
+        if draft in refused:  # cut from the draft, as propose() does
+            _, token = verify_sampled([], q[:0], p[None], generator, refused_probs=q)
+        else:
+            accepted, token = verify_sampled([draft], q[None], torch.stack([p, p]), generator)
+            token = draft if accepted else token
+        counts[token] += 1
+    assert 0.5 * (counts / trials - p).abs().sum().item() < 0.015
 
 
 def _two_token_counts(dspark: DSparkBackend, prompt: str, trials: int) -> dict[tuple[int, ...], int]:
@@ -160,7 +182,7 @@ def test_heads_save_and_load(tmp_path, tiny_model_paths):
     loaded = DSparkModel.from_pretrained(tmp_path / "m")
     for a, b in zip(model.heads.state_dict().values(), loaded.heads.state_dict().values()):
         assert torch.equal(a, b)
-    request = GenerationRequest(prompt="abc", max_tokens=12)
+    request = GenerationRequest(prompt="abc", max_tokens=12, temperature=0.0)
     assert DSparkBackend(loaded).complete(request).token_ids == DSparkBackend(model).complete(request).token_ids
 
 
@@ -172,11 +194,11 @@ def test_model_without_heads_is_refused(tiny_model_paths):
 def test_stop_strings_cut_spans(pair):
     ar, model = pair
     dspark = DSparkBackend(model, SpanPolicy((1, 2, 4), {2: 0.0, 4: 0.0}, verification="confidence"))
-    full = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=40)).text
+    full = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=40, temperature=0.0)).text
     rng = random.Random(0)
     for _ in range(5):
         start = rng.randrange(len(full) - 3)
         stop = full[start : start + 3]
-        result = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=40, stop=[stop]))
+        result = dspark.complete(GenerationRequest(prompt="def f(", max_tokens=40, temperature=0.0, stop=[stop]))
         assert result.text == full[: full.find(stop)]
         assert ar.loaded.tokenizer.decode(result.token_ids) == result.text

@@ -113,7 +113,7 @@ def remote(server) -> LiteLLMBackend:
 
 
 def test_complete_over_http_matches_the_local_model(server, remote):
-    request = GenerationRequest(messages=MESSAGES, max_tokens=6)
+    request = GenerationRequest(messages=MESSAGES, max_tokens=6, temperature=0.0)
     expected = server["backend"].complete(request)
     result = remote.complete(request)
     assert result.text == expected.text
@@ -123,7 +123,7 @@ def test_complete_over_http_matches_the_local_model(server, remote):
 
 
 def test_stream_over_http(server, remote):
-    request = GenerationRequest(messages=MESSAGES, max_tokens=6)
+    request = GenerationRequest(messages=MESSAGES, max_tokens=6, temperature=0.0)
     chunks = list(remote.stream(request))
     result = chunks[-1].result
     assert "".join(c.delta for c in chunks) == result.text == server["backend"].complete(request).text
@@ -132,7 +132,7 @@ def test_stream_over_http(server, remote):
 
 
 async def test_async_over_http(server, remote):
-    request = GenerationRequest(messages=MESSAGES, max_tokens=5)
+    request = GenerationRequest(messages=MESSAGES, max_tokens=5, temperature=0.0)
     expected = server["backend"].complete(request).text
     assert (await remote.acomplete(request)).text == expected
     chunks = [c async for c in remote.astream(request)]
@@ -142,19 +142,20 @@ async def test_async_over_http(server, remote):
 def test_sampling_arguments_reach_the_server(server, remote):
     remote.complete(GenerationRequest(messages=MESSAGES, max_tokens=3, seed=11, stop=["\n\n"], top_k=5, top_p=0.9))
     body = server["seen"][-1]
-    assert (body["seed"], body["stop"], body["top_k"], body["top_p"], body["max_tokens"]) == (11, ["\n\n"], 5, 0.9, 3)
+    sent = (body["seed"], body["stop"], body["top_k"], body["top_p"], body["max_tokens"], body["temperature"])
+    assert sent == (11, ["\n\n"], 5, 0.9, 3, 1.0)  # an unset temperature goes out as OpenAI's default
 
 
 def test_a_refused_request_stays_a_request_error(remote):
     with pytest.raises(InvalidRequestError, match="refused"):
-        remote.complete(GenerationRequest(messages=TOO_LONG, max_tokens=4))
+        remote.complete(GenerationRequest(messages=TOO_LONG, max_tokens=4, temperature=0.0))
 
 
 def test_a_closed_port_is_a_backend_error_at_once():
     backend = LiteLLMBackend("openai/tiny", api_base=closed_port_base(), api_key="sk-test", timeout_s=30)
     started = time.monotonic()
     with pytest.raises(DSparkRouterError) as info:
-        backend.complete(GenerationRequest(messages=MESSAGES, max_tokens=4))
+        backend.complete(GenerationRequest(messages=MESSAGES, max_tokens=4, temperature=0.0))
     assert info.value.to_openai()["error"]["type"] == "backend_error"
     assert time.monotonic() - started < 10
 
@@ -183,10 +184,11 @@ def test_router_pool_served_over_litellm(tmp_path, router_models, server):
         "api_key": "sk-test",
     }
     with make_router(tmp_path, data) as router:
-        result = router.complete(messages=MESSAGES, max_tokens=4)
+        result = router.complete(messages=MESSAGES, max_tokens=4, temperature=0)
         assert result.decision.pool == "standard" and result.measured.mean_accepted_tokens is None
-        assert result.text == server["backend"].complete(GenerationRequest(messages=MESSAGES, max_tokens=4)).text
-        streamed = list(router.stream(messages=MESSAGES, max_tokens=4))
+        local = server["backend"].complete(GenerationRequest(messages=MESSAGES, max_tokens=4, temperature=0.0))
+        assert result.text == local.text
+        streamed = list(router.stream(messages=MESSAGES, max_tokens=4, temperature=0))
         assert streamed[-1].result.text == result.text
 
 

@@ -28,8 +28,8 @@ def decision(response) -> dict:
 
 
 def test_completion_runs_through_the_router(router):
-    expected = router.complete(messages=MESSAGES, max_tokens=5)
-    response = litellm.completion(model="dspark-router/auto", messages=MESSAGES, max_tokens=5)
+    expected = router.complete(messages=MESSAGES, max_tokens=5, temperature=0)
+    response = litellm.completion(model="dspark-router/auto", messages=MESSAGES, max_tokens=5, temperature=0)
     assert response.choices[0].message.content == expected.text
     assert response.choices[0].finish_reason == "length"
     assert (response.usage.prompt_tokens, response.usage.completion_tokens) == (expected.usage.prompt_tokens, 5)
@@ -60,23 +60,25 @@ def test_user_becomes_the_tenant(router):
 
 
 def test_streaming(router):
-    expected = router.complete(messages=MESSAGES, max_tokens=6, model="dspark").text
-    chunks = list(litellm.completion(model="dspark-router/dspark", messages=MESSAGES, max_tokens=6, stream=True))
+    expected = router.complete(messages=MESSAGES, max_tokens=6, temperature=0, model="dspark").text
+    chunks = list(
+        litellm.completion(model="dspark-router/dspark", messages=MESSAGES, max_tokens=6, temperature=0, stream=True)
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected
     assert chunks[-1].choices[0].finish_reason == "length"
 
 
 async def test_async_completion_and_streaming(router):
-    expected = router.complete(messages=MESSAGES, max_tokens=4).text
-    response = await litellm.acompletion(model="dspark-router/auto", messages=MESSAGES, max_tokens=4)
+    expected = router.complete(messages=MESSAGES, max_tokens=4, seed=7).text  # seeded sampling: one draw each way
+    response = await litellm.acompletion(model="dspark-router/auto", messages=MESSAGES, max_tokens=4, seed=7)
     assert response.choices[0].message.content == expected
-    stream = await litellm.acompletion(model="dspark-router/auto", messages=MESSAGES, max_tokens=4, stream=True)
+    stream = await litellm.acompletion(model="dspark-router/auto", messages=MESSAGES, max_tokens=4, seed=7, stream=True)
     assert "".join([c.choices[0].delta.content or "" async for c in stream]) == expected
 
 
 def test_router_errors_reach_litellm_callers_as_its_own_types(router):
     """litellm maps an exception's ``status_code``; every router error carries the right one."""
-    with pytest.raises(litellm.BadRequestError, match="gpu"):
+    with pytest.raises(litellm.NotFoundError, match="gpu"):  # model_not_found, a 404 as in OpenAI's API
         litellm.completion(model="dspark-router/gpu", messages=MESSAGES, max_tokens=2)
     with pytest.raises(litellm.BadRequestError, match="n=3"):
         litellm.completion(model="dspark-router/auto", messages=MESSAGES, max_tokens=2, n=3)

@@ -61,6 +61,6 @@ def test_missing_model_path_is_a_model_load_error(tmp_path):
 def test_prompt_longer_than_context_is_refused(tiny_model_paths):
     backend = AutoregressiveBackend.from_pretrained(tiny_model_paths["gpt2"])
     with pytest.raises(InvalidRequestError) as err:
-        backend.complete(GenerationRequest(prompt="x", max_tokens=10_000))
+        backend.complete(GenerationRequest(prompt="x", max_tokens=10_000, temperature=0.0))
     assert err.value.param == "max_tokens"
-    assert backend.complete(GenerationRequest(prompt="x", max_tokens=2)).usage.completion_tokens == 2
+    assert backend.complete(GenerationRequest(prompt="x", max_tokens=2, temperature=0.0)).usage.completion_tokens == 2

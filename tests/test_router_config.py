@@ -49,6 +49,12 @@ BAD = [
     ("pools.dspark.api_base", "http://x", "pools.dspark.api_base"),
     ("pools.dspark.decoding", {"max_span": 99}, "pools.dspark.decoding.max_span"),
     ("pools.dspark.device", "tpu", "pools.dspark.device"),
+    ("pools.dspark.transport", "redis", "pools.dspark.transport"),  # no redis_url on the pool or at the top
+    ("pools.dspark.redis", {"heartbeat_s": 5, "visibility_timeout_s": 10}, "pools.dspark.redis"),
+    ("pools.dspark.health", {"allowed_fails": 0}, "pools.dspark.health.allowed_fails"),
+    ("pools.standard.max_tokens", 0, "pools.standard.max_tokens"),
+    ("pools.standard.defaults", {"temperature": 3}, "pools.standard.defaults.temperature"),
+    ("policy.defaults", {"top_p": 0}, "policy.defaults.top_p"),
     ("policy.threshold", 1.5, "policy.threshold"),
     ("policy.explore", 0.9, "policy.explore"),
     ("policy.default_pool", "gpu", "policy.default_pool"),
@@ -104,3 +110,14 @@ def test_unreadable_configs_fail_clearly(tmp_path, text, message):
 def test_a_missing_config_file_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "nope.yaml")
+
+
+def test_a_redis_pool_takes_the_top_level_url_and_needs_no_model_here(tmp_path):
+    data = config_data({"dspark": "models/absent", "standard": "models/absent"})
+    data["pools"]["dspark"]["transport"] = "redis"
+    data["redis_url"] = "redis://127.0.0.1:6399/2"
+    with pytest.raises(ConfigError, match=r"pools\.standard\.model"):  # the in-process pool loads here
+        load_config(write_config(tmp_path / "r.yaml", data))
+    data["pools"]["standard"]["transport"] = "redis"
+    config = load_config(write_config(tmp_path / "r.yaml", data))  # the workers load the models, not the router
+    assert {pool.redis_url for pool in config.pools.values()} == {"redis://127.0.0.1:6399/2"}

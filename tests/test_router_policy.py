@@ -17,13 +17,16 @@ RULES = [
     {"name": "story", "pool": "standard", "match": {"prompt_regex": "(?i)\\bstory\\b"}},
     {"name": "tagged", "pool": "dspark", "match": {"tags": ["extract", "fast"]}},
 ]
+# Agents' requests here decode greedily unless a case says otherwise, so the "hot" rule fires only when asked.
+GREEDY = {"temperature": 0.0}
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 JSON = {"type": "json_object"}
 
 
 @pytest.fixture
 def policy_router(tmp_path, router_models):
-    router = make_router(tmp_path, config_data(router_models, rules=RULES, classifier=None), scorer=MetadataScorer())
+    data = config_data(router_models, rules=RULES, classifier=None, defaults=GREEDY)
+    router = make_router(tmp_path, data, scorer=MetadataScorer())
     yield router
     router.close()
 
@@ -131,7 +134,8 @@ def test_tenant_overrides(tmp_path, router_models):
         "acme": {"threshold": 0.9, "rules": [{"name": "acme-all", "pool": "standard", "match": {"tools": True}}]},
         "globex": {"threshold": 0.1},
     }
-    router = make_router(tmp_path, config_data(router_models, rules=RULES, tenants=tenants), scorer=MetadataScorer())
+    data = config_data(router_models, rules=RULES, tenants=tenants, defaults=GREEDY)
+    router = make_router(tmp_path, data, scorer=MetadataScorer())
     assert router.route(messages=MESSAGES, tools=TOOLS, user="acme").rule == "acme-all"
     assert router.route(messages=MESSAGES, tools=TOOLS, metadata={"tenant": "globex"}).rule == "tools"
     assert router.route(messages=MESSAGES, metadata={"p": 0.5}, user="acme").pool == "standard"
@@ -194,7 +198,7 @@ def test_an_out_of_range_score_is_a_routing_error(tmp_path, router_models):
 
 def test_default_classifier_is_used_when_it_loads_else_rules_then_default_pool(tmp_path, router_models):
     """``classifier: default`` never stops the router: without a usable shipped classifier it routes by rules."""
-    router = make_router(tmp_path, config_data(router_models, classifier="default", rules=RULES))
+    router = make_router(tmp_path, config_data(router_models, classifier="default", rules=RULES, defaults=GREEDY))
     decision = router.route(messages=MESSAGES)
     if router.policy.scorer is None:
         assert decision.rule == "default"

@@ -20,7 +20,7 @@ TOO_LONG = [{"role": "user", "content": "word " * 600}]  # past the tiny model's
 
 
 def request(max_tokens: int = 6, messages=MESSAGES) -> GenerationRequest:
-    return GenerationRequest(messages=messages, max_tokens=max_tokens)
+    return GenerationRequest(messages=messages, max_tokens=max_tokens, temperature=0.0)
 
 
 def make_pool(path, *, backend="autoregressive", workers=1, max_queue=1, timeout_s=30.0) -> InProcessPool:

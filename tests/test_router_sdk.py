@@ -42,13 +42,13 @@ def small_pools(router_models):
 
 def test_complete_carries_decision_and_measurements(tmp_path, router_models):
     with make_router(tmp_path, config_data(router_models)) as router:
-        result = router.complete(messages=MESSAGES, max_tokens=6, model="dspark-router/dspark")
+        result = router.complete(messages=MESSAGES, max_tokens=6, temperature=0, model="dspark-router/dspark")
         assert isinstance(result, RoutedResult)
         assert (result.decision.pool, result.decision.rule) == ("dspark", "hint")
         assert result.measured.mean_accepted_tokens == result.stats.spans.mean_accepted >= 1.0
         assert 0 < result.measured.ttft_s <= result.measured.latency_s
         assert result.measured.tokens_per_s > 0
-        standard = router.complete(messages=MESSAGES, max_tokens=6)
+        standard = router.complete(messages=MESSAGES, max_tokens=6, temperature=0)
         assert (standard.decision.pool, standard.measured.mean_accepted_tokens) == ("standard", 1.0)
         assert standard.text == result.text  # DSpark heads are untrained copies here: greedy output must agree
 
@@ -126,10 +126,10 @@ def test_map_keeps_order_and_isolates_failures(tmp_path, router_models):
 
 async def test_async_api_matches_sync(tmp_path, router_models):
     with make_router(tmp_path, config_data(router_models)) as router:
-        expected = router.complete(messages=MESSAGES, max_tokens=6)
-        result = await router.acomplete(messages=MESSAGES, max_tokens=6)
+        expected = router.complete(messages=MESSAGES, max_tokens=6, temperature=0)
+        result = await router.acomplete(messages=MESSAGES, max_tokens=6, temperature=0)
         assert result.text == expected.text
-        chunks = [c async for c in router.astream(messages=MESSAGES, max_tokens=6, model="dspark")]
+        chunks = [c async for c in router.astream(messages=MESSAGES, max_tokens=6, temperature=0, model="dspark")]
         assert "".join(c.delta for c in chunks) == chunks[-1].result.text == expected.text
         assert all(c.decision.pool == "dspark" for c in chunks)
         fanned = await router.amap([{"messages": MESSAGES, "max_tokens": n} for n in (1, 2, 3)], concurrency=2)
@@ -209,7 +209,8 @@ def test_shadow_runs_log_a_measured_speedup_that_calibration_learns_from(tmp_pat
     log = tmp_path / "logs" / "decisions.jsonl"
     with make_router(tmp_path, data) as router:
         answered = [
-            router.complete(messages=MESSAGES, max_tokens=5, model=model) for model in ("dspark", "standard", None)
+            router.complete(messages=MESSAGES, max_tokens=5, temperature=0, model=model)
+            for model in ("dspark", "standard", None)
         ]
         assert [r.decision.shadow for r in answered] == ["standard", "dspark", "dspark"]
         deadline = time.monotonic() + 30

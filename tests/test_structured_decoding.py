@@ -11,6 +11,7 @@ import pytest
 from backends import AutoregressiveBackend, GenerationRequest, UnsupportedFormatError
 from backends.dspark import DSparkBackend, SpanPolicy
 from tests.test_dspark import perturbed_heads_model
+from tests.test_dspark_drafter import perturbed_drafter
 
 REGEX = r"[a-z]{2,4}-[0-9]{2}( [A-Z][a-z]{1,3}){1,2}"
 SCHEMA = {
@@ -54,14 +55,18 @@ def backends(tiny_model_paths):
         "ar": AutoregressiveBackend(model.loaded),
         "dspark": DSparkBackend(model, SpanPolicy((1, 2, 4), {2: 0.0, 4: 0.0})),
         "dspark-confidence": DSparkBackend(model, SpanPolicy((1, 2, 4), {2: 0.0, 4: 0.0}, "confidence")),
+        "dspark-drafter": DSparkBackend(
+            None, drafter=perturbed_drafter(model.loaded, seed=5), default="dspark", loaded=model.loaded
+        ),
     }
 
 
 def _request(**fields) -> GenerationRequest:
-    return GenerationRequest(**{"messages": [{"role": "user", "content": "answer"}], "max_tokens": 96, **fields})
+    messages = [{"role": "user", "content": "answer"}]
+    return GenerationRequest(**{"messages": messages, "max_tokens": 96, "temperature": 0.0, **fields})
 
 
-@pytest.mark.parametrize("name", ["ar", "dspark", "dspark-confidence"])
+@pytest.mark.parametrize("name", ["ar", "dspark", "dspark-confidence", "dspark-drafter"])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_regex_output_matches(backends, name, temperature):
     for seed in range(3):
@@ -71,7 +76,7 @@ def test_regex_output_matches(backends, name, temperature):
         assert re.fullmatch(REGEX, result.text)
 
 
-@pytest.mark.parametrize("name", ["ar", "dspark", "dspark-confidence"])
+@pytest.mark.parametrize("name", ["ar", "dspark", "dspark-confidence", "dspark-drafter"])
 def test_json_schema_output_validates_and_counts_forced_tokens(backends, name):
     schema_format = {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA, "strict": True}}
     for seed in range(3):
@@ -88,10 +93,11 @@ def test_greedy_dspark_under_a_grammar_equals_greedy_ar(backends):
         {"type": "json_schema", "json_schema": {"name": "t", "schema": SCHEMA}},
     ]:
         request = _request(response_format=response_format)
-        assert backends["dspark"].complete(request).token_ids == backends["ar"].complete(request).token_ids
+        for name in ("dspark", "dspark-drafter"):
+            assert backends[name].complete(request).token_ids == backends["ar"].complete(request).token_ids
 
 
-@pytest.mark.parametrize("name", ["ar", "dspark"])
+@pytest.mark.parametrize("name", ["ar", "dspark", "dspark-drafter"])
 @pytest.mark.parametrize(
     ("tool_choice", "expected"),
     [

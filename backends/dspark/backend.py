@@ -1,28 +1,63 @@
-"""DSparkBackend: the DSpark pool's decoder behind the shared Backend protocol."""
+"""DSparkBackend: the DSpark pool's decoder behind the shared Backend protocol, with either drafter.
+
+``heads``: the span heads beside the model (``dspark_config.json``), the seed's multi-granularity spans.
+``dspark``: the published drafter (a ``dspark_drafter/`` folder in DeepSpec's layout beside, or inside, the
+target's folder), scheduled by Algorithm 1 over the target's steps-per-second profile. A backend loads whichever
+drafters its folder carries; the pool picks the default, a request's ``dspark.drafter`` may pick the other.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import torch
 
 from backends.constraints import GrammarConstraint
+from backends.dspark import published_decode
 from backends.dspark.decode import decode
+from backends.dspark.drafter import DSparkDrafter
+from backends.dspark.drafter_config import CONFIG_FILE as DRAFTER_CONFIG_FILE
+from backends.dspark.drafter_config import DRAFTER_DIR
+from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
+from backends.dspark.heads import SpanHeads
 from backends.dspark.model import DSparkModel
+from backends.dspark.profile import load_or_profile
+from backends.dspark.scheduler import VerifySchedule
 from backends.dspark.selection import SpanPolicy
+from backends.errors import InvalidRequestError, ModelLoadError
+from backends.loading import LoadedModel, load_model
 from backends.local import LocalBackend
-from backends.types import GenerationRequest, GenerationStats
+from backends.types import DSparkOptions, GenerationRequest, GenerationStats
+
+Drafter = Literal["heads", "dspark"]
 
 
 class DSparkBackend(LocalBackend):
     name = "dspark"
 
-    def __init__(self, model: DSparkModel, policy: SpanPolicy | None = None) -> None:
-        super().__init__(model.loaded)
+    def __init__(
+        self,
+        model: DSparkModel | None,
+        policy: SpanPolicy | None = None,
+        *,
+        drafter: DSparkDrafter | None = None,
+        schedule: VerifySchedule | None = None,
+        default: Drafter = "heads",
+        loaded: LoadedModel | None = None,
+    ) -> None:
+        if (model if default == "heads" else drafter) is None:
+            raise ModelLoadError(f"a DSpark backend with drafter {default!r} needs that drafter", param="model")
+        super().__init__(model.loaded if model is not None else loaded)
         self.model = model
-        config = model.dspark_config
-        self.policy = policy or SpanPolicy(tuple(config.span_lengths), dict(config.thresholds))
+        self.drafter = drafter
+        self.schedule = schedule or VerifySchedule()
+        self.default: Drafter = default
+        self.policy = policy
+        if model is not None and policy is None:
+            config = model.dspark_config
+            self.policy = SpanPolicy(tuple(config.span_lengths), dict(config.thresholds))
 
     @classmethod
     def from_pretrained(
@@ -33,16 +68,55 @@ class DSparkBackend(LocalBackend):
         span_lengths: tuple[int, ...] | None = None,
         thresholds: dict[int, float] | None = None,
         verification: str = "exact",
+        drafter: Drafter = "heads",
+        drafter_path: str | Path | None = None,
     ) -> DSparkBackend:
-        """Pool-level options default to what the model's dspark_config.json was tuned with."""
-        model = DSparkModel.from_pretrained(path, device=device, dtype=dtype)
-        config = model.dspark_config
-        policy = SpanPolicy(
-            span_lengths=tuple(span_lengths or config.span_lengths),
-            thresholds=dict(thresholds or config.thresholds),
-            verification=verification,
+        """Span-heads options default to what the model's dspark_config.json was tuned with; the published drafter
+        comes from ``drafter_path`` or the folder's ``dspark_drafter/``, its SPS profile from beside the model
+        (measured on first load on a machine). The pool's ``drafter`` must be there; the other is optional."""
+        path = Path(path)
+        loaded = load_model(path, device=device, dtype=dtype)
+        model = None
+        if drafter == "heads" or (path / HEADS_CONFIG_FILE).is_file():
+            model = DSparkModel(loaded, SpanHeads.load(path, device=loaded.device, dtype=loaded.model.dtype))
+        drafter_dir = Path(drafter_path) if drafter_path is not None else path / DRAFTER_DIR
+        published, schedule = None, None
+        if drafter == "dspark" or (drafter_dir / DRAFTER_CONFIG_FILE).is_file():
+            published = load_drafter(loaded, drafter_dir)
+            sps = load_or_profile(path, loaded, published.block_size + 1)
+            schedule = VerifySchedule(sps=sps, verification=verification)
+        policy = None
+        if model is not None:
+            config = model.dspark_config
+            policy = SpanPolicy(
+                span_lengths=tuple(span_lengths or config.span_lengths),
+                thresholds=dict(thresholds or config.thresholds),
+                verification=verification,
+            )
+        return cls(model, policy, drafter=published, schedule=schedule, default=drafter, loaded=loaded)
+
+    def with_options(self, options: DSparkOptions | None) -> DSparkBackend:
+        """This backend with a pool's ``decoding`` options as its defaults (a request may still override them)."""
+        if options is None:
+            return self
+        policy = self.policy
+        if self.model is not None:
+            policy = SpanPolicy.resolve(self.policy, options, self.model.dspark_config.num_heads)
+        return DSparkBackend(
+            self.model,
+            policy,
+            drafter=self.drafter,
+            schedule=resolve_schedule(self.schedule, options),
+            default=options.drafter or self.default,
+            loaded=self.loaded,
         )
-        return cls(model, policy)
+
+    def _require(self, drafter: Drafter) -> None:
+        if (self.model if drafter == "heads" else self.drafter) is None:
+            raise InvalidRequestError(
+                f"this DSpark pool's model has no {'span heads' if drafter == 'heads' else 'published drafter'}",
+                param="dspark.drafter",
+            )
 
     def _decode(
         self,
@@ -52,5 +126,37 @@ class DSparkBackend(LocalBackend):
         stats: GenerationStats,
         constraint: GrammarConstraint | None,
     ) -> Iterator[list[int]]:
+        choice = (request.dspark.drafter if request.dspark is not None else None) or self.default
+        self._require(choice)
+        if choice == "dspark":
+            schedule = resolve_schedule(self.schedule, request.dspark)
+            return published_decode.decode(
+                self.loaded, self.drafter, prompt, request, schedule, generator, stats, constraint
+            )
         policy = SpanPolicy.resolve(self.policy, request.dspark, self.model.dspark_config.num_heads)
         return decode(self.model, prompt, request, policy, generator, stats, constraint)
+
+
+def resolve_schedule(schedule: VerifySchedule, options: DSparkOptions | None) -> VerifySchedule:
+    """``schedule`` with a pool's or request's overrides: ``max_span`` caps anchor plus draft, as for the heads."""
+    if options is None:
+        return schedule
+    return VerifySchedule(
+        sps=schedule.sps,
+        threshold=options.confidence_threshold if options.confidence_threshold is not None else schedule.threshold,
+        max_draft=options.max_span - 1 if options.max_span is not None else schedule.max_draft,
+        verification=options.verification or schedule.verification,
+    )
+
+
+def load_drafter(loaded: LoadedModel, path: Path) -> DSparkDrafter:
+    """The published drafter at ``path`` on ``loaded``'s embedding and LM head; one built for a target of another
+    depth is refused, since its target_layer_ids would pick the wrong features."""
+    drafter = DSparkDrafter.load(path, loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings())
+    layers = loaded.model.config.get_text_config().num_hidden_layers
+    if drafter.config.num_target_layers != layers:
+        raise ModelLoadError(
+            f"drafter {str(path)!r} is for a {drafter.config.num_target_layers}-layer target, this one has {layers}",
+            param="drafter",
+        )
+    return drafter

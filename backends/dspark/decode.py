@@ -42,6 +42,10 @@ class Proposal:
     tokens: list[int]
     draft_probs: torch.Tensor | None
     """Draft distributions [len(tokens) - 1, V] (sampling only): what verification compares against."""
+    refused_probs: torch.Tensor | None = None
+    """Sampling under a grammar: the draft distribution of the token the grammar refused right after the kept
+    draft. That token was drafted and is certainly rejected (p = 0), so what follows the draft is drawn from
+    max(0, p - q) with this q, as for any rejection, not from p: that keeps sampled output exact."""
 
 
 def prefill(model: DSparkModel, prompt: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,9 +93,11 @@ def propose(
     stats.fallback_steps += length == 1
     stats.proposed_span_hist[length] = stats.proposed_span_hist.get(length, 0) + 1
     drafted = draft[: length - 1].tolist()
-    if constraint is not None:
-        drafted = drafted[: constraint.valid_prefix(drafted)]
-    return Proposal([token, *drafted], None if draft_probs is None else draft_probs[: len(drafted)])
+    valid = constraint.valid_prefix(drafted) if constraint is not None else len(drafted)
+    if draft_probs is None:
+        return Proposal([token, *drafted[:valid]], None)
+    refused = draft_probs[valid] if valid < len(drafted) else None
+    return Proposal([token, *drafted[:valid]], draft_probs[:valid], refused)
 
 
 def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> int:
@@ -108,6 +114,7 @@ def verify_sampled(
     draft_probs: torch.Tensor,
     target_probs: torch.Tensor,
     generator: torch.Generator | None,
+    refused_probs: torch.Tensor | None = None,
 ) -> tuple[int, int]:
     """Speculative sampling: accept d with probability min(1, p(d)/q(d)); on rejection resample from
     max(0, p - q), so every committed token is distributed exactly as plain sampling from p would be.
@@ -116,19 +123,31 @@ def verify_sampled(
     accepted count and the token that follows them: the correction, or with every draft token accepted, the
     bonus token sampled from that last row, so the next step needs no sampling of its own. Every position's
     uniform is drawn at once: the draws are independent, so those past the first rejection are simply unused,
-    and the test is one vectorised comparison instead of a Python loop over scalars."""
+    and the test is one vectorised comparison instead of a Python loop over scalars. ``refused_probs`` (see
+    :class:`Proposal`) stands for one more drafted token, certainly rejected, after the draft."""
+
+    def after_draft() -> int:
+        if refused_probs is not None:
+            return draw_residual(target_probs[len(draft)], refused_probs, generator)
+        return int(sample(target_probs[len(draft)], generator))
+
     if not draft:
-        return 0, int(sample(target_probs[0], generator))
+        return 0, after_draft()
     positions = torch.arange(len(draft), device=target_probs.device)
     tokens = torch.tensor(draft, dtype=torch.long, device=target_probs.device)
     p, q = target_probs[positions, tokens], draft_probs[positions, tokens]
     u = torch.rand(len(draft), generator=generator, device=target_probs.device)
     rejected = ((q <= 0) | (u * q > p)).tolist()
     if True not in rejected:
-        return len(draft), int(sample(target_probs[len(draft)], generator))
+        return len(draft), after_draft()
     i = rejected.index(True)
-    residual = torch.clamp(target_probs[i] - draft_probs[i], min=0.0)
-    return i, int(sample(residual if residual.sum() > 0 else target_probs[i], generator))
+    return i, draw_residual(target_probs[i], draft_probs[i], generator)
+
+
+def draw_residual(target: torch.Tensor, draft: torch.Tensor, generator: torch.Generator | None) -> int:
+    """The token after a rejected draft token: drawn from max(0, p - q), or from p where q covers it all."""
+    residual = torch.clamp(target - draft, min=0.0)
+    return int(sample(residual if residual.sum() > 0 else target, generator))
 
 
 def decode(
@@ -141,9 +160,11 @@ def decode(
     constraint: GrammarConstraint | None = None,
 ) -> Iterator[list[int]]:
     """Yield the tokens each forward pass commits; the caller closes the generator when output ends."""
-    spans = stats.spans = SpanStats(acceptance_by_offset=[0.0] * (policy.longest - 1))
-    proposed_at = [0] * (policy.longest - 1)
-    accepted_at = [0] * (policy.longest - 1)
+    width = policy.longest - 1
+    spans = stats.spans = SpanStats(
+        acceptance_by_offset=[0.0] * width, reached_by_offset=[0] * width, accepted_by_offset=[0] * width
+    )
+    proposed_at, accepted_at = [0] * width, spans.accepted_by_offset
     cache = DynamicCache(config=model.config)
     hidden, logits = prefill(model, prompt, cache)
     stats.forward_passes += 1
@@ -170,10 +191,13 @@ def decode(
                 accepted, next_token = verify_greedy(draft, all_logits), None
             else:
                 target_probs = token_probs(all_logits, request)
-                accepted, next_token = verify_sampled(draft, proposal.draft_probs, target_probs, generator)
+                accepted, next_token = verify_sampled(
+                    draft, proposal.draft_probs, target_probs, generator, proposal.refused_probs
+                )
             for offset in range(len(draft)):
                 proposed_at[offset] += 1
                 accepted_at[offset] += offset < accepted
+                spans.reached_by_offset[offset] += offset <= accepted
             if len(draft) > accepted:
                 cache.crop(accepted - len(draft))
             if constraint is not None:

@@ -32,6 +32,7 @@ from backends.progress import JobProgress
 
 IGNORE = -100
 CHECKPOINT_DIR = "checkpoint"
+TRAINER_STATE = "trainer_state.pt"
 
 
 @dataclass
@@ -208,24 +209,38 @@ def train(
     )
 
 
-def _checkpoint(model: DSparkModel, optimizer: torch.optim.Optimizer, config: TrainConfig, step: int) -> None:
-    folder = config.output / CHECKPOINT_DIR
-    model.save(folder)
-    torch.save({"optimizer": optimizer.state_dict(), "step": step}, folder / "trainer_state.pt")
+def save_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, config: object, step: int) -> None:
+    """Beside a checkpoint's weights: what resuming needs (optimizer, step) and the run's config, for the record.
+    Every training command (span heads, published drafter) checkpoints this way."""
+    torch.save({"optimizer": optimizer.state_dict(), "step": step}, folder / TRAINER_STATE)
     (folder / "train_config.json").write_text(json.dumps(asdict(config), default=str, indent=2))
 
 
+def resume_trainer_state(folder: Path, optimizer: torch.optim.Optimizer) -> int:
+    """The step the checkpoint in ``folder`` reached, with the optimizer restored (the caller restores weights)."""
+    state = torch.load(folder / TRAINER_STATE, weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    return int(state["step"])
+
+
+def has_checkpoint(output: Path) -> bool:
+    return (output / CHECKPOINT_DIR / TRAINER_STATE).is_file()
+
+
+def _checkpoint(model: DSparkModel, optimizer: torch.optim.Optimizer, config: TrainConfig, step: int) -> None:
+    folder = config.output / CHECKPOINT_DIR
+    model.save(folder)
+    save_trainer_state(folder, optimizer, config, step)
+
+
 def _resume(model: DSparkModel, optimizer: torch.optim.Optimizer, output: Path) -> int:
-    folder = output / CHECKPOINT_DIR
-    state_file = folder / "trainer_state.pt"
-    if not state_file.is_file():
+    if not has_checkpoint(output):
         return 0
+    folder = output / CHECKPOINT_DIR
     resumed = DSparkModel.from_pretrained(folder, device=str(model.loaded.device))
     model.loaded.model.load_state_dict(resumed.loaded.model.state_dict())
     model.heads.load_state_dict(resumed.heads.state_dict())
-    state = torch.load(state_file, weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
-    return int(state["step"])
+    return resume_trainer_state(folder, optimizer)
 
 
 def model_for(config: TrainConfig, texts: Sequence[str]) -> DSparkModel:

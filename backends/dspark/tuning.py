@@ -24,7 +24,7 @@ GRID_4 = (0.0, 0.3, 0.6, 0.85)
 
 def validation_requests(count: int, max_tokens: int) -> list[GenerationRequest]:
     return [
-        GenerationRequest(messages=example.messages, max_tokens=max_tokens)
+        GenerationRequest(messages=example.messages, max_tokens=max_tokens, temperature=0.0)
         for example in iter_chat_prompts(count, seed=VALIDATION_SEED)
     ]
 

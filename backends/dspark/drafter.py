@@ -1,0 +1,302 @@
+"""The published DSpark drafter: a parallel backbone fed with the target's own features, plus its two small heads.
+
+One drafter pass turns a block of gamma inputs (the anchor, the newest committed token, then gamma-1 mask tokens)
+into hidden states h_1..h_gamma; the anchor's position predicts the first draft token. The block attends to
+itself bidirectionally and, in every layer, to *injected context*: hidden states of several target layers at every
+committed position, concatenated, mapped by one shared linear layer (``fc``) to the drafter's width and RMS-normed
+(``hidden_norm``), then turned into keys and values by each layer's own projections. Those keys and values depend
+only on committed tokens, so :class:`ContextCache` keeps them: a decoding round appends the features of the tokens
+it committed and runs the backbone over the block alone.
+
+The embedding and LM head are the target's own modules, shared and frozen (never parameters of this module); the
+Markov head adds a low-rank transition bias B(x_{k-1}) = W1[x_{k-1}] W2 to each base logit row, and the
+confidence head predicts c_k = sigmoid(w . [h_k ; W1[x_{k-1}]]), the chance that draft token k survives
+verification given that the tokens before it did. Module and weight names are DeepSpec's (``Qwen3DSparkModel``),
+so checkpoints move between the two unchanged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import PreTrainedModel
+
+from backends.dspark.drafter_config import WEIGHTS_FILE, DrafterConfig
+from backends.errors import ModelLoadError
+
+SHARED_WEIGHTS = ("embed_tokens.weight", "lm_head.weight")
+
+
+class RMSNorm(nn.Module):
+    """Normalised in float32 whatever the weights' dtype, as Qwen3's norm is, so bfloat16 keeps its scale."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotary(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+    """cos and sin [..., len, head_dim] for absolute ``positions``: context and block share one position axis."""
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim)
+    freqs = positions.float().unsqueeze(-1) * inv_freq
+    angles = torch.cat([freqs, freqs], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1)
+
+
+class DrafterAttention(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        heads, kv_heads, dim, width = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.hidden_size,
+        )
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim
+        self.q_proj = nn.Linear(width, heads * dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(width, kv_heads * dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(width, kv_heads * dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(heads * dim, width, bias=config.attention_bias)
+        self.q_norm = RMSNorm(dim, config.rms_norm_eps)
+        self.k_norm = RMSNorm(dim, config.rms_norm_eps)
+
+    def keys_values(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        """Keys and values [B, kv_heads, len, head_dim] of ``x`` (block inputs or projected target context)."""
+        batch, length, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(batch, length, self.kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(batch, length, self.kv_heads, self.head_dim).transpose(1, 2)
+        return apply_rotary(k, *rope), v
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope: tuple[torch.Tensor, torch.Tensor],
+        context: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        batch, length, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(batch, length, self.heads, self.head_dim)).transpose(1, 2)
+        q = apply_rotary(q, *rope)
+        k, v = self.keys_values(x, rope)
+        k, v = torch.cat([context[0], k], dim=2), torch.cat([context[1], v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.heads != self.kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+
+
+class DrafterMLP(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DrafterLayer(nn.Module):
+    def __init__(self, config: DrafterConfig) -> None:
+        super().__init__()
+        self.self_attn = DrafterAttention(config)
+        self.mlp = DrafterMLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, rope, context, mask) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, context, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class MarkovHead(nn.Module):
+    """B(x_{k-1}) = W1[x_{k-1}] W2: a rank-r V x V transition table, cheap enough to apply once per draft token."""
+
+    def __init__(self, vocab_size: int, rank: int) -> None:
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def forward(self, prev_ids: torch.Tensor) -> torch.Tensor:
+        return self.markov_w2(self.markov_w1(prev_ids))
+
+
+class ConfidenceHead(nn.Module):
+    def __init__(self, input_dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(input_dim, 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.proj(features).squeeze(-1)
+
+
+class ContextCache:
+    """Per drafter layer, the keys and values of the injected target context at every committed position.
+
+    Only committed tokens enter it, so it never needs cropping: a round appends what it committed and runs the
+    backbone over the block without storing the block's own keys and values."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * num_layers
+        self.values: list[torch.Tensor | None] = [None] * num_layers
+        self.length = 0
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.keys[index], self.values[index]
+
+    def append(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        old_k, old_v = self.keys[index], self.values[index]
+        self.keys[index] = keys if old_k is None else torch.cat([old_k, keys], dim=2)
+        self.values[index] = values if old_v is None else torch.cat([old_v, values], dim=2)
+
+
+def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
+    """The drafter's context from a target forward's ``hidden_states`` (embedding output first): layer i is
+    entry i+1 and -1 the embedding output, concatenated along the width."""
+    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+
+
+class DSparkDrafter(nn.Module):
+    def __init__(self, config: DrafterConfig, embed_tokens: nn.Module, lm_head: nn.Module) -> None:
+        super().__init__()
+        self.config = config
+        self.layers = nn.ModuleList(DrafterLayer(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.fc = nn.Linear(config.context_width, config.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
+        self.confidence_head = (
+            ConfidenceHead(config.hidden_size + config.markov_rank) if config.enable_confidence_head else None
+        )
+        # A tuple keeps the target's modules out of this module's parameters and state dict: they stay frozen
+        # and are saved beside the drafter's own weights only because the published layout carries them.
+        self.shared = (embed_tokens, lm_head)
+
+    @classmethod
+    def for_target(cls, target: PreTrainedModel, mask_token_id: int, *, seed: int = 0, **shape: Any) -> DSparkDrafter:
+        """A fresh drafter on ``target``'s embedding and LM head (``shape``: DrafterConfig.for_target's options).
+
+        Linear weights start small (std 0.02, as DeepSpec's init) and the Markov projection and confidence head
+        at zero: an untrained drafter drafts from its backbone alone and is unsure of every token (c = 0.5)."""
+        config = DrafterConfig.for_target(target.config, mask_token_id=mask_token_id, **shape)
+        torch.manual_seed(seed)
+        drafter = cls(config, target.get_input_embeddings(), target.get_output_embeddings())
+        with torch.no_grad():
+            for module in drafter.modules():
+                if isinstance(module, nn.Linear | nn.Embedding):
+                    module.weight.normal_(0.0, 0.02)
+                if isinstance(module, nn.Linear) and module.bias is not None:
+                    module.bias.zero_()
+            drafter.markov_head.markov_w2.weight.zero_()
+            if drafter.confidence_head is not None:
+                drafter.confidence_head.proj.weight.zero_()
+        param = next(target.parameters())
+        return drafter.to(device=param.device, dtype=param.dtype)
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return rotary(positions, self.config.head_dim, self.config.rope_theta, self.fc.weight.dtype)
+
+    def context_keys_values(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
+        """Each layer's keys and values for target ``features`` [B, T, context_width] at ``positions`` [B, T]."""
+        context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        rope = self._rope(positions)
+        return [layer.self_attn.keys_values(context, rope) for layer in self.layers]
+
+    def extend_context(self, cache: ContextCache, features: torch.Tensor) -> None:
+        """Append the features [T, context_width] of the next T committed positions to ``cache``."""
+        positions = torch.arange(cache.length, cache.length + features.shape[0], device=features.device)
+        for index, (keys, values) in enumerate(self.context_keys_values(features[None], positions[None])):
+            cache.append(index, keys, values)
+        cache.length += features.shape[0]
+
+    def backbone(
+        self,
+        block_ids: torch.Tensor,
+        positions: torch.Tensor,
+        context: list[tuple[torch.Tensor, torch.Tensor]],
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Hidden states [B, L, H] of block inputs ``block_ids`` [B, L] at ``positions`` [B, L] attending to
+        ``context`` (per layer) and to the block; ``mask`` [B, 1, L, T + L] (True: may attend) only in training,
+        where many blocks of one sequence share a pass."""
+        x = self.shared[0](block_ids).to(self.fc.weight.dtype)
+        rope = self._rope(positions)
+        for layer, layer_context in zip(self.layers, context):
+            x = layer(x, rope, layer_context, mask)
+        return self.norm(x)
+
+    def draft_hidden(self, cache: ContextCache, anchor: int) -> torch.Tensor:
+        """One decoding round's backbone pass: the block after ``anchor``, which sits at position cache.length."""
+        device = self.fc.weight.device
+        ids = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
+        ids[0, 0] = anchor
+        positions = torch.arange(cache.length, cache.length + self.block_size, device=device)[None]
+        context = [cache.layer(i) for i in range(len(self.layers))]
+        return self.backbone(ids, positions, context)[0]
+
+    def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.shared[1](hidden)
+
+    def confidence_logits(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
+        """Calibrated logits of c_k (raw ones divided by the Sequential Temperature Scaling temperatures)."""
+        features = torch.cat([hidden, self.markov_head.markov_w1(prev_ids).to(hidden.dtype)], dim=-1)
+        logits = self.confidence_head(features).float()
+        if self.config.confidence_temperatures is not None:
+            temperatures = torch.tensor(self.config.confidence_temperatures, device=logits.device)
+            logits = logits / temperatures[: logits.shape[-1]]
+        return logits
+
+    def save(self, path: str | Path) -> None:
+        """Config and weights in the published layout, the shared embedding and LM head included."""
+        path = Path(path)
+        self.config.save(path)
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        # Copies: a target with tied embeddings shares one tensor, which safetensors refuses to write twice.
+        weights.update(zip(SHARED_WEIGHTS, (m.weight.detach().cpu().clone() for m in self.shared)))
+        save_file(weights, path / WEIGHTS_FILE, metadata={"format": "pt"})
+
+    @classmethod
+    def load(cls, path: str | Path, embed_tokens: nn.Module, lm_head: nn.Module) -> DSparkDrafter:
+        """A drafter folder beside its target: the target's embedding and LM head are used, the copies in the file
+        only checked for shape (a drafter trained for another target is refused)."""
+        path = Path(path)
+        config = DrafterConfig.load(path)
+        if not (path / WEIGHTS_FILE).is_file():
+            raise ModelLoadError(f"drafter {str(path)!r} has config.json but no {WEIGHTS_FILE}", param="drafter")
+        if (config.vocab_size, config.hidden_size) != tuple(embed_tokens.weight.shape):
+            raise ModelLoadError(
+                f"drafter {str(path)!r} is {config.vocab_size} x {config.hidden_size}, its target "
+                f"{tuple(embed_tokens.weight.shape)}: it was trained for another target",
+                param="drafter",
+            )
+        weights = load_file(path / WEIGHTS_FILE)
+        for name, module in zip(SHARED_WEIGHTS, (embed_tokens, lm_head)):
+            if name in weights and weights.pop(name).shape != module.weight.shape:
+                raise ModelLoadError(f"drafter {str(path)!r} was trained for another target ({name})", param="drafter")
+        param = next(embed_tokens.parameters())
+        drafter = cls(config, embed_tokens, lm_head)
+        try:
+            drafter.load_state_dict(weights)
+        except RuntimeError as exc:
+            raise ModelLoadError(f"drafter weights in {str(path)!r} do not fit its config: {exc}") from exc
+        return drafter.to(device=param.device, dtype=param.dtype).eval()

@@ -1,0 +1,97 @@
+"""Profile the target's steps per second by forward length, once per model and machine, for Algorithm 1.
+
+What a verification token costs depends on the model, the device, the dtype and the threads, never on the
+request, so it is measured once and kept as ``dspark_sps.json`` beside the model, one curve per machine key.
+Re-run it after changing hardware or threads: ``python -m backends.dspark.profile MODEL_FOLDER``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from transformers import DynamicCache
+
+from backends.dspark.scheduler import SpsCurve
+from backends.loading import LoadedModel, load_model
+
+PROFILE_FILE = "dspark_sps.json"
+CONTEXT_TOKENS = 64
+
+
+def machine_key(loaded: LoadedModel) -> str:
+    device = loaded.device
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    return f"{device.type}:{name}|{loaded.model.dtype}|threads={torch.get_num_threads()}"
+
+
+@torch.inference_mode()
+def measure_sps(loaded: LoadedModel, max_tokens: int, repeats: int = 5) -> SpsCurve:
+    """Median time of a forward of 1..max_tokens tokens after a fixed context, as steps per second."""
+    model, device = loaded.model, loaded.device
+    generator = torch.Generator().manual_seed(0)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    context = torch.randint(vocab, (1, CONTEXT_TOKENS), generator=generator).to(device)
+    cache = DynamicCache(config=model.config)
+    model(input_ids=context, cache=cache, use_cache=True)
+    steps: dict[int, float] = {}
+    for tokens in range(1, max_tokens + 1):
+        ids = torch.randint(vocab, (1, tokens), generator=generator).to(device)
+        times = []
+        for _ in range(repeats + 1):
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            started = time.perf_counter()
+            model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - started)
+            cache.crop(-tokens)
+        steps[tokens] = 1.0 / statistics.median(times[1:])
+    return SpsCurve(steps)
+
+
+def _read(folder: Path) -> dict[str, dict[str, float]]:
+    file = folder / PROFILE_FILE
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
+def profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurve:
+    """Measure now and store the curve under this machine's key (a read-only folder just keeps it in memory)."""
+    folder = Path(folder)
+    curve = measure_sps(loaded, max_tokens)
+    stored = _read(folder)
+    stored[machine_key(loaded)] = {str(k): v for k, v in curve.steps_per_s.items()}
+    with contextlib.suppress(OSError):
+        (folder / PROFILE_FILE).write_text(json.dumps(stored, indent=2) + "\n")
+    return curve
+
+
+def load_or_profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurve:
+    """The stored curve for this machine when it covers ``max_tokens``, else a fresh measurement."""
+    stored = _read(Path(folder)).get(machine_key(loaded))
+    if stored and len(stored) >= max_tokens:
+        return SpsCurve({int(k): float(v) for k, v in stored.items()})
+    return profile(folder, loaded, max_tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="re-profile a target model's steps per second by forward length")
+    parser.add_argument("model", help="target model folder (the profile is stored there)")
+    parser.add_argument("--max-tokens", type=int, default=8, help="longest forward: 1 + the drafter's block size")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args()
+    loaded = load_model(args.model, device=args.device, dtype=args.dtype)
+    curve = profile(args.model, loaded, args.max_tokens)
+    print(json.dumps({"machine": machine_key(loaded), "steps_per_s": curve.steps_per_s}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

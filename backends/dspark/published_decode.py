@@ -1,0 +1,187 @@
+"""Decoding with the published DSpark drafter: prefill, draft, schedule, verify, commit.
+
+A round starts from the anchor, the newest committed token not yet run through the target (the bonus or
+correction token of the previous round, or the target's own next token):
+
+1. ``draft``: the drafter's context cache takes the target features of the tokens committed since the last round;
+   one backbone pass over [anchor, mask, ...] gives gamma hidden states, and the Markov head samples the block
+   left to right, each token from its own exact distribution softmax(U_k + B(x_{k-1})) (warped by the request's
+   temperature/top-k/top-p, so it is the distribution verification divides by); the confidence head gives c_k;
+2. ``schedule``: the verification length, by Algorithm 1 from prefix survival and the profiled SPS curve (or a
+   static threshold); under a grammar the verified draft is further cut at the first token the grammar refuses;
+3. ``verify``: one target forward over [anchor, draft...] appends them to the target's KV cache and yields the
+   target's logits and features there. Greedy keeps the longest prefix equal to the target's argmax; sampling
+   accepts x_k with probability min(1, p/q), resamples from max(0, p - q) at the first rejection, and draws a
+   bonus token when all survive. A token the grammar refused counts as rejected there (its p is 0), so the token
+   in its place is also drawn from max(0, p - q): cutting it off unverified would change the distribution;
+4. ``commit``: rejected positions are cropped from the target cache, the grammar consumes what was kept, and the
+   kept positions' features wait for the next round's draft.
+
+Text the grammar forces is committed in one target pass without drafting, as in the span-heads loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from backends.autoregressive import forced_tokens
+from backends.constraints import GrammarConstraint
+from backends.dspark.decode import draw_residual, verify_greedy, verify_sampled
+from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
+from backends.dspark.scheduler import VerifySchedule
+from backends.loading import LoadedModel
+from backends.sampling import pick_token, sample, token_probs
+from backends.types import GenerationRequest, GenerationStats, SpanStats
+
+
+@dataclass
+class TargetPass:
+    logits: torch.Tensor
+    """[n, V] at each of the pass's positions."""
+    features: torch.Tensor
+    """[n, context_width]: the drafter's injected context for those positions."""
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    probs: torch.Tensor | None
+    """[gamma, V] the distributions the tokens were drawn from (sampling only)."""
+    confidence: list[float]
+
+
+def target_forward(loaded: LoadedModel, tokens: list[int], cache: DynamicCache, layer_ids: list[int]) -> TargetPass:
+    input_ids = torch.tensor([tokens], dtype=torch.long, device=loaded.device)
+    out = loaded.model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=True)
+    return TargetPass(out.logits[0], target_features(out.hidden_states, layer_ids)[0])
+
+
+def draft(
+    drafter: DSparkDrafter,
+    context: ContextCache,
+    anchor: int,
+    request: GenerationRequest,
+    generator: torch.Generator | None,
+    length: int,
+) -> Draft:
+    """The first ``length`` tokens of the block (a request's cap makes sampling the rest wasted work)."""
+    hidden = drafter.draft_hidden(context, anchor)[:length]
+    base = drafter.base_logits(hidden)
+    tokens: list[int] = []
+    rows: list[torch.Tensor] = []
+    previous = torch.tensor([anchor], device=hidden.device)
+    for k in range(length):
+        logits = (base[k] + drafter.markov_head(previous)[0]).float()
+        if request.greedy:
+            token = int(torch.argmax(logits))
+        else:
+            rows.append(token_probs(logits, request))
+            token = int(sample(rows[-1], generator))
+        tokens.append(token)
+        previous = torch.tensor([token], device=hidden.device)
+    confidence: list[float] = []
+    if drafter.confidence_head is not None and tokens:
+        prev_ids = torch.tensor([anchor, *tokens[:-1]], device=hidden.device)
+        confidence = torch.sigmoid(drafter.confidence_logits(hidden, prev_ids)).tolist()
+    return Draft(tokens, torch.stack(rows) if rows else None, confidence)
+
+
+def verify(
+    tokens: list[int],
+    draft_probs: torch.Tensor | None,
+    logits: torch.Tensor,
+    request: GenerationRequest,
+    schedule: VerifySchedule,
+    generator: torch.Generator | None,
+) -> tuple[int, int | None]:
+    """Accepted draft tokens and, when sampling, the token after them; ``draft_probs`` may hold one more row than
+    ``tokens``: the distribution of a token the grammar refused, rejected with certainty."""
+    if schedule.verification == "confidence":
+        return len(tokens), None
+    if request.greedy:
+        return verify_greedy(tokens, logits), None
+    target_probs = token_probs(logits, request)
+    rows = None if draft_probs is None else draft_probs[: len(tokens)]
+    accepted, next_token = verify_sampled(tokens, rows, target_probs, generator)
+    if accepted == len(tokens) and draft_probs is not None and draft_probs.shape[0] > len(tokens):
+        next_token = draw_residual(target_probs[accepted], draft_probs[accepted], generator)
+    return accepted, next_token
+
+
+def decode(
+    loaded: LoadedModel,
+    drafter: DSparkDrafter,
+    prompt: list[int],
+    request: GenerationRequest,
+    schedule: VerifySchedule,
+    generator: torch.Generator | None,
+    stats: GenerationStats,
+    constraint: GrammarConstraint | None = None,
+) -> Iterator[list[int]]:
+    """Yield the tokens each target pass commits; the caller closes the generator when output ends."""
+    layer_ids = drafter.config.target_layer_ids
+    gamma = drafter.block_size
+    spans = stats.spans = SpanStats(
+        acceptance_by_offset=[0.0] * gamma, reached_by_offset=[0] * gamma, accepted_by_offset=[0] * gamma
+    )
+    verified_at, accepted_at = [0] * gamma, spans.accepted_by_offset
+    cache = DynamicCache(config=loaded.model.config)
+    context = ContextCache(len(drafter.layers))
+    step = target_forward(loaded, prompt, cache, layer_ids)
+    stats.forward_passes += 1
+    pending, logits, next_token = [step.features], step.logits[-1], None
+    try:
+        while True:
+            forced = forced_tokens(constraint, stats)
+            if forced:
+                step = target_forward(loaded, forced, cache, layer_ids)
+                stats.forward_passes += 1
+                pending.append(step.features)
+                logits, next_token = step.logits[-1], None
+                yield forced
+                continue
+            anchor = next_token
+            if anchor is None:
+                if constraint is not None:
+                    constraint.mask_logits(logits)
+                anchor = pick_token(logits, request, generator)
+            if constraint is not None:
+                constraint.consume([anchor])
+            drafter.extend_context(context, torch.cat(pending))
+            room = drafter.block_size if loaded.max_context is None else loaded.max_context - context.length - 1
+            limit = max(0, min(schedule.limit(drafter.block_size), room))
+            block = draft(drafter, context, anchor, request, generator, limit)
+            length = schedule.length(block.confidence, limit)
+            tokens = block.tokens[:length]
+            if constraint is not None:
+                tokens = tokens[: constraint.valid_prefix(tokens)]
+            kept_rows = len(tokens) + (len(tokens) < length)
+            probs = None if block.probs is None else block.probs[:kept_rows]
+            step = target_forward(loaded, [anchor, *tokens], cache, layer_ids)
+            stats.forward_passes += 1
+            step_logits = step.logits
+            if constraint is not None:
+                step_logits = step_logits.masked_fill(~constraint.span_masks(tokens).to(step_logits.device), -torch.inf)
+            accepted, next_token = verify(tokens, probs, step_logits, request, schedule, generator)
+            if len(tokens) > accepted:
+                cache.crop(accepted - len(tokens))
+            if constraint is not None:
+                constraint.consume(tokens[:accepted])
+            for offset in range(len(tokens)):
+                verified_at[offset] += 1
+                accepted_at[offset] += offset < accepted
+                spans.reached_by_offset[offset] += offset <= accepted
+            spans.steps += 1
+            spans.fallback_steps += not tokens
+            spans.proposed_span_hist[1 + len(tokens)] = spans.proposed_span_hist.get(1 + len(tokens), 0) + 1
+            spans.accepted_span_hist[1 + accepted] = spans.accepted_span_hist.get(1 + accepted, 0) + 1
+            pending, logits = [step.features[: accepted + 1]], step_logits[accepted]
+            yield [anchor, *tokens[:accepted]]
+    finally:
+        committed = sum(n * count for n, count in spans.accepted_span_hist.items())
+        spans.mean_accepted = committed / spans.steps if spans.steps else 0.0
+        spans.acceptance_by_offset = [a / v if v else 0.0 for a, v in zip(accepted_at, verified_at)]
