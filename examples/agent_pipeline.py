@@ -29,7 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from typing import Any, NamedTuple
 
+from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from backends.errors import DSparkRouterError
@@ -134,26 +136,30 @@ def decision_cell(d: Decision) -> str:
 
 
 def show(console: Console, labels: list[str], rows: list[Row | Exception], wall_s: float, where: str = "") -> None:
-    table = Table(title="Agent subtasks through the router")
-    for column in ("subtask", "pool", "why", "accepted/pass", "tokens", "tok/s", "latency"):
-        table.add_column(column, no_wrap=True)
-    table.add_column("output", overflow="ellipsis", no_wrap=True, max_width=40)
+    """A table of where each subtask ran and how fast, then each output on a line of its own: both fit 80
+    columns, where an output column would squeeze every other one."""
+    table = Table(
+        title="Agent subtasks through the router",
+        caption="acc: tokens committed per forward pass; tok: completion tokens",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        collapse_padding=True,
+    )
+    for column in ("subtask", "pool", "why", "acc", "tok", "tok/s", "time"):
+        table.add_column(column, no_wrap=True, overflow="ellipsis")
+    outputs = []
     for label, row in zip(labels, rows):
         if isinstance(row, Exception):
-            table.add_row(label, "-", f"[red]{type(row).__name__}[/red]", "", "", "", "", str(row)[:60])
+            table.add_row(label, "-", f"[red]{type(row).__name__}[/red]", "", "", "", "")
+            outputs.append((label, str(row)))
             continue
         accepted = f"{row.mean_accepted:.2f}" if row.mean_accepted is not None else "n/a"
-        table.add_row(
-            label,
-            row.decision.pool,
-            decision_cell(row.decision),
-            accepted,
-            str(row.tokens),
-            f"{row.tokens_per_s:.0f}",
-            f"{row.latency_s:.2f}s",
-            row.text.strip().replace("\n", " ")[:60],
-        )
+        cells = (row.decision.pool, decision_cell(row.decision), accepted, str(row.tokens))
+        table.add_row(label, *cells, f"{row.tokens_per_s:.0f}", f"{row.latency_s:.2f}s")
+        outputs.append((label, row.text.strip().replace("\n", " ")))
     console.print(table)
+    for label, text in outputs:
+        console.print(f"[bold]{label}[/bold]: {escape(text)}", overflow="ellipsis", no_wrap=True, highlight=False)
     console.print(f"{len(rows)} subtasks in {wall_s:.2f}s{where}")
 
 

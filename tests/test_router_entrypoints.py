@@ -49,11 +49,13 @@ def test_route_refuses_bad_input_as_json_errors(config, capsys, argv, param):
 
 
 def test_agent_pipeline_example(config, capsys, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")
+    monkeypatch.setenv("COLUMNS", "80")
     assert example("agent_pipeline").main(["--config", str(config), "--max-tokens", "4"]) == 0
     out = capsys.readouterr().out
     for label in ("tool-call arguments", "code", "summary", "story", "5 subtasks"):
         assert label in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "tool-call arguments  " in out  # no column squeezed to an ellipsis at 80 columns
 
 
 def test_agent_pipeline_reports_a_missing_model(tmp_path, router_models, capsys):
