@@ -30,7 +30,7 @@ from transformers import DynamicCache
 
 from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
-from backends.dspark.decode import draw_residual, verify_greedy, verify_sampled
+from backends.dspark.decode import verify_greedy, verify_sampled
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.scheduler import VerifySchedule
 from backends.loading import LoadedModel
@@ -106,10 +106,8 @@ def verify(
         return verify_greedy(tokens, logits), None
     target_probs = token_probs(logits, request)
     rows = None if draft_probs is None else draft_probs[: len(tokens)]
-    accepted, next_token = verify_sampled(tokens, rows, target_probs, generator)
-    if accepted == len(tokens) and draft_probs is not None and draft_probs.shape[0] > len(tokens):
-        next_token = draw_residual(target_probs[accepted], draft_probs[accepted], generator)
-    return accepted, next_token
+    refused = draft_probs[len(tokens)] if draft_probs is not None and draft_probs.shape[0] > len(tokens) else None
+    return verify_sampled(tokens, rows, target_probs, generator, refused)
 
 
 def decode(
