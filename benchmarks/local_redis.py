@@ -12,7 +12,8 @@ from pathlib import Path
 import redis
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nobody listens on right now (the tests' servers and engines take one too)."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -32,7 +33,7 @@ class LocalRedis:
     no persistence)."""
 
     def __init__(self, workdir: Path) -> None:
-        self.port, self.workdir = _free_port(), workdir
+        self.port, self.workdir = free_port(), workdir
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self.proc: subprocess.Popen | None = None
 

@@ -53,7 +53,7 @@ class RedisPool(Pool):
     def depth(self) -> int:
         """Jobs in the stream: waiting, or running on a worker (a finished job's entry is deleted)."""
         try:
-            return int(self._client.xlen(self.keys.jobs))
+            return self.depth_now()
         except redis.RedisError:
             return 0
 

@@ -7,7 +7,6 @@ the DSpark pool. Configs are written as real YAML files and loaded the way users
 from __future__ import annotations
 
 import shutil
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,6 +19,7 @@ import yaml
 from backends.autoregressive import AutoregressiveBackend
 from backends.dspark import DSparkModel
 from backends.types import GenerationRequest
+from benchmarks.local_redis import free_port
 from router import Router
 from router.pools import Pool
 
@@ -64,12 +64,6 @@ def make_router(tmp_path: Path, data: dict[str, Any], **kwargs: Any) -> Router:
 def copy_model(source: Path, target: Path) -> Path:
     shutil.copytree(source, target)
     return target
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def closed_port_base() -> str:
