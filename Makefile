@@ -33,14 +33,18 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/dspark-router bench decode --json bench-results/decode.json
 
-# dspark-mini: base and heads jointly from scratch, then fresh heads on the base model's own greedy continuations
+# dspark-mini: base and heads jointly from scratch in two stages (subtasks, code and prose; then with copy drills
+# added, resumed on the same schedule), then fresh heads on the base model's own greedy continuations
 # (self-distillation), thresholds tuned by measured speed; and a small draft model on the same tokenizer for
 # the transformers assisted-generation contender of `bench decode`.
 MODEL_DIR := models/dspark-mini
+BASE := runs/dspark-mini-base
+BASE_ARGS := --mode scratch --output $(BASE) --batch-size 8 --seq-len 1024 --context 1024 --vocab-size 2048 \
+	--hidden 256 --layers 4 --lr 2.5e-3 --chat-examples 40000 --checkpoint-every 100
 model: $(STAMP)
-	$(BIN)/dspark-router train --mode scratch --output runs/dspark-mini-base --steps 1300 --batch-size 12 \
-		--seq-len 256 --vocab-size 2048 --hidden 192 --layers 4 --lr 3e-3 --chat-examples 20000
-	$(BIN)/dspark-router train --mode heads --model runs/dspark-mini-base --output $(MODEL_DIR) --steps 500 \
+	$(BIN)/dspark-router train $(BASE_ARGS) --steps 1300 --stop-at 900 --mix 0.6,0,0.25,0.15
+	$(BIN)/dspark-router train $(BASE_ARGS) --steps 1900 --mix 0.5,0.25,0.15,0.1 --tokenizer $(BASE)/checkpoint
+	$(BIN)/dspark-router train --mode heads --model $(BASE) --output $(MODEL_DIR) --steps 500 \
 		--batch-size 16 --lr 2e-3 --self-distill 2000 --distill-tokens 96
 	rm -rf $(MODEL_DIR)/checkpoint
 	$(BIN)/dspark-router train --mode heads --model $(MODEL_DIR) --output $(MODEL_DIR) --steps 700 \

@@ -1,37 +1,34 @@
-"""Plain autoregressive decoding with a KV cache: the standard pool's local backend and DSpark's reference.
+"""Plain autoregressive decoding: the standard pool's local backend and DSpark's reference.
 
-prefill runs the whole prompt once; each decode step feeds the one token just chosen. It is the same
-computation ``model.generate()`` does, so greedy output matches it token for token. Under a grammar the
-logits are masked before the choice, and tokens the grammar forces are committed together in one pass.
+prefill runs the whole prompt once; each decode step feeds the one token just chosen. Alone in the batch it is
+the same computation ``model.generate()`` does, so greedy output matches it token for token. Under a grammar
+the logits are masked before the choice, and tokens the grammar forces are committed together in one pass.
+The engine batches this loop with every other running request's (see :mod:`backends.engine`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
 
 from backends.constraints import GrammarConstraint
+from backends.engine import BatchLimits
 from backends.loading import load_model
 from backends.local import LocalBackend
 from backends.sampling import pick_token
+from backends.steps import DecodeLoop, Forward
 from backends.types import GenerationRequest, GenerationStats
-
-
-def forward(model: PreTrainedModel, tokens: list[int], cache: DynamicCache, device: torch.device):
-    """One forward pass over ``tokens`` appended to ``cache``; returns the model output (logits, hidden states)."""
-    input_ids = torch.tensor([tokens], dtype=torch.long, device=device)
-    return model(input_ids=input_ids, cache=cache, use_cache=True)
 
 
 class AutoregressiveBackend(LocalBackend):
     name = "autoregressive"
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: str = "auto") -> AutoregressiveBackend:
-        return cls(load_model(path, device=device, dtype=dtype))
+    def from_pretrained(
+        cls, path: str | Path, device: str = "auto", dtype: str = "auto", limits: BatchLimits | None = None
+    ) -> AutoregressiveBackend:
+        return cls(load_model(path, device=device, dtype=dtype), limits)
 
     def _decode(
         self,
@@ -40,10 +37,8 @@ class AutoregressiveBackend(LocalBackend):
         generator: torch.Generator | None,
         stats: GenerationStats,
         constraint: GrammarConstraint | None,
-    ) -> Iterator[list[int]]:
-        model, device = self.loaded.model, self.loaded.device
-        cache = DynamicCache(config=model.config)
-        logits = forward(model, prompt, cache, device).logits[0, -1]
+    ) -> DecodeLoop:
+        logits = (yield Forward(prompt)).logits[-1]
         stats.forward_passes += 1
         while True:
             tokens = forced_tokens(constraint, stats)
@@ -54,7 +49,7 @@ class AutoregressiveBackend(LocalBackend):
                 if constraint is not None:
                     constraint.consume(tokens)
             yield tokens
-            logits = forward(model, tokens, cache, device).logits[0, -1]
+            logits = (yield Forward(tokens)).logits[-1]
             stats.forward_passes += 1
 
 

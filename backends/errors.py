@@ -49,3 +49,11 @@ class BackendError(DSparkRouterError):
 
     error_type = "backend_error"
     status_code = 502
+
+
+class QueueFullError(DSparkRouterError):
+    """Every place the request may go to is full (a pool's queue, a batch's waiting line); retry later."""
+
+    error_type = "queue_full_error"
+    status_code = 429
+    code = "queue_full"

@@ -1,33 +1,37 @@
-"""What every in-process torch backend shares: request in, decoder spans through the tracker, result out.
+"""What every in-process torch backend shares: request in, batched decoding, result out.
 
-A concrete backend only writes its decode loop, ``_decode``: a generator that yields the tokens each forward
-pass commits. This class turns it into ``complete``/``stream`` and their async forms, times it, and closes the
-generator as soon as the tracker says the completion has ended, so no forward pass is spent past a stop.
+A concrete backend only writes its decode loop, ``_decode``: the one-request loop as a generator that yields
+the forwards it needs and the tokens each one commits (see :mod:`backends.steps`). This class checks the
+request, builds its grammar and prompt, and hands it to the backend's :class:`~backends.engine.DecodeEngine`,
+which runs every concurrent request's loop in one batch and ends each the moment its output ends, so no
+forward pass is spent past a stop. The caller's thread only reads the request's chunks.
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
 
 import torch
 
-from backends.constraints import GrammarConstraint, parse_tool_calls
+from backends.constraints import GrammarConstraint
+from backends.engine import BatchLimits, DecodeEngine
 from backends.loading import LoadedModel, prompt_ids
 from backends.output import OutputTracker
 from backends.sampling import make_generator
-from backends.types import GenerationRequest, GenerationResult, GenerationStats, StreamChunk, Usage
+from backends.sequence import Sequence
+from backends.steps import DecodeLoop
+from backends.types import GenerationRequest, GenerationResult, GenerationStats, StreamChunk
 
 
 class LocalBackend(ABC):
     name = "local"
 
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, limits: BatchLimits | None = None) -> None:
         self.loaded = loaded
-        self._lock = threading.Lock()
+        self.engine = DecodeEngine(loaded, limits)
 
     @abstractmethod
     def _decode(
@@ -37,51 +41,24 @@ class LocalBackend(ABC):
         generator: torch.Generator | None,
         stats: GenerationStats,
         constraint: GrammarConstraint | None,
-    ) -> Iterator[list[int]]:
-        """Yield the tokens each forward pass commits (grammar-valid when ``constraint`` is given),
-        counting passes in ``stats``."""
+    ) -> DecodeLoop:
+        """The request's decode loop (grammar-valid when ``constraint`` is given), counting passes in ``stats``."""
 
     def stream(self, request: GenerationRequest) -> Iterator[StreamChunk]:
-        """Grammar and prompt are built first, so a bad request is refused before any forward pass."""
+        """Grammar and prompt are built first, so a bad request is refused before it joins the batch."""
         loaded = self.loaded
         vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
         constraint = GrammarConstraint.from_request(request, loaded.tokenizer, vocab_size, loaded.eos_ids)
-        prompt = prompt_ids(loaded, request)
-        with self._lock, torch.inference_mode():
-            stats = GenerationStats()
-            tracker = OutputTracker(loaded.tokenizer, request, loaded.eos_ids)
-            generator = make_generator(request, loaded.device)
-            started = time.perf_counter()
-            steps = self._decode(prompt, request, generator, stats, constraint)
-            try:
-                for span in steps:
-                    if stats.time_to_first_token_s is None:
-                        stats.time_to_first_token_s = time.perf_counter() - started
-                    tracker.push(span)
-                    if constraint is not None and constraint.is_finished and not tracker.finished:
-                        tracker.finish("stop")
-                    if tracker.finished:
-                        break
-                    delta = tracker.take_delta()
-                    if delta:
-                        yield StreamChunk(delta=delta)
-            finally:
-                steps.close()
-            stats.wall_time_s = time.perf_counter() - started
-            stats.constraint_s = constraint.elapsed_s if constraint is not None else 0.0
-            stats.tokens_per_s = len(tracker.token_ids) / stats.wall_time_s if stats.wall_time_s else 0.0
-        tool_calls = (
-            parse_tool_calls(tracker.text, request.tools) if request.tools and request.tool_choice != "none" else None
+        sequence = Sequence(
+            request,
+            prompt_ids(loaded, request),
+            OutputTracker(loaded.tokenizer, request, loaded.eos_ids),
+            constraint,
+            make_generator(request, loaded.device),
         )
-        result = GenerationResult(
-            text=tracker.text,
-            token_ids=tracker.token_ids,
-            finish_reason="tool_calls" if tool_calls else tracker.finish_reason or "length",
-            usage=Usage(prompt_tokens=len(prompt), completion_tokens=len(tracker.token_ids)),
-            stats=stats,
-            tool_calls=tool_calls,
-        )
-        yield StreamChunk(delta=tracker.take_delta(), finish_reason=result.finish_reason, result=result)
+        sequence.loop = self._decode(sequence.prompt, request, sequence.generator, sequence.stats, sequence.constraint)
+        self.engine.submit(sequence)
+        yield from sequence.read()
 
     def complete(self, request: GenerationRequest) -> GenerationResult:
         *_, last = self.stream(request)

@@ -271,6 +271,8 @@ class SpanStats(BaseModel):
 
 class GenerationStats(BaseModel):
     forward_passes: int = 0
+    queue_s: float = 0.0
+    """Time waiting for a place in the running batch, before decoding started (not in wall_time_s)."""
     wall_time_s: float = 0.0
     time_to_first_token_s: float | None = None
     tokens_per_s: float = 0.0

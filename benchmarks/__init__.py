@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import NamedTuple
 
-from benchmarks import decode, gateway, pools, quality, route, structured
+from benchmarks import batching, decode, gateway, pools, quality, route, structured
 
 
 class Benchmark(NamedTuple):
@@ -31,6 +31,11 @@ BENCHMARKS: dict[str, Benchmark] = {
         "JSON-schema-constrained generation on real schemas, outputs validated, both backends",
         structured.add_arguments,
         structured.run,
+    ),
+    "batching": Benchmark(
+        "batched pools against one request at a time and transformers serve: throughput vs per-request speed",
+        batching.add_arguments,
+        batching.run,
     ),
     "pools": Benchmark(
         "Redis worker pools against in-process pools: throughput, latency, the cost of the Redis hop",

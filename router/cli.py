@@ -89,6 +89,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--attention-heads", type=int, default=4)
+    p.add_argument("--context", type=int, default=1024, help="scratch mode: the model's context (positions)")
+    p.add_argument(
+        "--mix", default="0.5,0.25,0.15,0.1", help="corpus shares by characters: chat,drills,code,prose (drills: copy)"
+    )
+    p.add_argument("--stop-at", type=int, help="leave after this step, checkpointed (a curriculum's first stage)")
     p.add_argument("--checkpoint-every", type=int, default=200)
     p.add_argument("--block-size", type=int, default=7, help="dspark drafter: draft tokens per block (gamma)")
     p.add_argument("--draft-layers", type=int, default=2, help="dspark drafter: backbone layers")
@@ -104,6 +109,7 @@ def _train(args: argparse.Namespace) -> int:
 
     import torch
 
+    from backends.dspark.corpus import Mix
     from backends.dspark.train import TrainConfig, run
 
     if args.threads:
@@ -132,6 +138,9 @@ def _train(args: argparse.Namespace) -> int:
         hidden=args.hidden,
         layers=args.layers,
         attention_heads=args.attention_heads,
+        context=args.context,
+        mix=Mix(*(float(share) for share in args.mix.split(","))),
+        stop_at=args.stop_at,
     )
     report = run(config, chat_examples=args.chat_examples)
     print(json.dumps(report.__dict__, indent=2))

@@ -85,13 +85,23 @@ class HealthConfig(_Strict):
 
 
 class PoolConfig(_Strict):
-    """One pool of workers over one backend. For local backends each worker is a replica of the model."""
+    """One pool of workers over one backend. For local backends each worker is a replica of the model that
+    decodes up to ``max_batch`` requests at once; for litellm pools ``max_batch`` requests are in flight per
+    worker, and the engine behind it batches them."""
 
     backend: Literal["dspark", "autoregressive", "litellm"]
     model: str = Field(min_length=1, description="model folder, or the litellm model name for litellm pools")
     api_base: str | None = None
     api_key: str | None = None
     workers: int = Field(default=1, ge=1, le=64)
+    max_batch: int = Field(
+        default=16, ge=1, le=1024, description="requests one worker decodes at once, in one batch (local backends)"
+    )
+    max_kv_tokens: int = Field(
+        default=65_536,
+        ge=1,
+        description="KV cache positions a worker's running requests may hold, counted as prompt + max_tokens each",
+    )
     max_queue: int = Field(default=32, ge=0, le=100_000, description="requests waiting beyond the running ones")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

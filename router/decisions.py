@@ -49,6 +49,7 @@ class Measured(BaseModel):
     latency_s: float
     ttft_s: float
     tokens_per_s: float
+    queue_s: float = Field(default=0.0, description="time before decoding started: pool queue and batch wait")
     mean_accepted_tokens: float | None = Field(
         default=None, description="tokens committed per forward pass; 1.0 for plain decoding, None when remote"
     )

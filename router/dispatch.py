@@ -222,6 +222,7 @@ class Flight:
             latency_s=latency,
             ttft_s=(self._first_delta_at or now) - self._started,
             tokens_per_s=result.stats.tokens_per_s or result.usage.completion_tokens / latency,
+            queue_s=max(0.0, latency - result.stats.wall_time_s) if result.stats.wall_time_s else 0.0,
             mean_accepted_tokens=_mean_accepted(result, kind),
         )
         routed = RoutedResult(

@@ -7,6 +7,7 @@ key to fix, a queue that is full right now, a pool that ran out of time.
 from __future__ import annotations
 
 from backends.errors import BackendError, DSparkRouterError, InvalidRequestError
+from backends.errors import QueueFullError as QueueFullError  # pools and a backend's batch raise the same one
 
 
 class ConfigError(DSparkRouterError):
@@ -28,14 +29,6 @@ class ModelNotFoundError(InvalidRequestError):
 
     status_code = 404
     code = "model_not_found"
-
-
-class QueueFullError(DSparkRouterError):
-    """Every pool the request may go to has a full queue; retry later."""
-
-    error_type = "queue_full_error"
-    status_code = 429
-    code = "queue_full"
 
 
 class PoolTimeoutError(BackendError):

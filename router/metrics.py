@@ -3,10 +3,15 @@ one process (or two tests) never share counts and the gateway can expose exactly
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from router.decisions import Decision, Measured
 from router.pools import Pool
+
+if TYPE_CHECKING:
+    from backends.engine import StepRecord
 
 TIME_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 
@@ -49,6 +54,34 @@ class RouterMetrics:
             buckets=TIME_BUCKETS,
             registry=r,
         )
+        self.batch_rows = Histogram(
+            "dspark_router_batch_size",
+            "Requests in each batched forward pass of a local pool",
+            ["pool"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+            registry=r,
+        )
+        self.forward_tokens = Histogram(
+            "dspark_router_tokens_per_forward",
+            "Tokens fed to each batched forward pass (every request's next token plus verified drafts)",
+            ["pool"],
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+            registry=r,
+        )
+        self.verify_budget = Histogram(
+            "dspark_router_verify_budget_tokens",
+            "Draft tokens each drafting request may verify in a batched forward (Algorithm 1)",
+            ["pool"],
+            buckets=(0, 1, 2, 3, 4, 5, 6, 7, 8, 12, 16),
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "dspark_router_queue_wait_seconds",
+            "Time before decoding started: the pool's queue and the wait for a place in its batch",
+            ["pool"],
+            buckets=TIME_BUCKETS,
+            registry=r,
+        )
         self.queue_depth = Gauge("dspark_router_queue_depth", "Requests queued or running", ["pool"], registry=r)
         self.overflows = Counter(
             "dspark_router_overflows", "Requests spilled from a full pool", ["from_pool", "to_pool"], registry=r
@@ -71,9 +104,17 @@ class RouterMetrics:
         )
 
     def watch(self, pools: dict[str, Pool]) -> None:
-        """Queue depth is read from the pools at scrape time, so it is never stale."""
+        """Queue depth is read from the pools at scrape time, so it is never stale; pools that batch report
+        every forward pass."""
         for name, pool in pools.items():
             self.queue_depth.labels(name).set_function(lambda pool=pool: pool.depth)
+            pool.observe(lambda record, name=name: self.stepped(name, record))
+
+    def stepped(self, pool: str, record: StepRecord) -> None:
+        self.batch_rows.labels(pool).observe(record.rows)
+        self.forward_tokens.labels(pool).observe(record.tokens)
+        for budget in record.budgets:
+            self.verify_budget.labels(pool).observe(budget)
 
     def decided(self, decision: Decision) -> None:
         self.decisions.labels(decision.pool, decision.rule).inc()
@@ -87,6 +128,7 @@ class RouterMetrics:
         self.latency.labels(pool).observe(measured.latency_s)
         self.ttft.labels(pool).observe(measured.ttft_s)
         self.tokens_per_s.labels(pool).observe(measured.tokens_per_s)
+        self.queue_wait.labels(pool).observe(measured.queue_s)
         if measured.mean_accepted_tokens is not None:
             self.accepted.labels(pool).observe(measured.mean_accepted_tokens)
 

@@ -5,23 +5,23 @@ so a full pool can be spilled elsewhere), and ``depth``/``capacity`` say how loa
 ``stream`` are built on ``submit`` here, once, so another implementation (a Redis-distributed pool) only has to
 provide ``submit``, ``depth``, ``capacity`` and ``close``.
 
-:class:`InProcessPool` runs its workers as threads. A local backend is not safe to share between threads, so
-each worker gets its own replica of the model, loaded on first use: start-up stays fast, dry-run routing never
+:class:`InProcessPool` runs its workers as threads. Each worker is one replica of the model with its own
+batching loop (:mod:`backends.engine`), which decodes up to ``max_batch`` requests at once; a request goes to
+the replica with the fewest in flight. Replicas load on first use: start-up stays fast, dry-run routing never
 loads a model, and a model that cannot load fails the requests that need it (and can fall back) rather than
-the whole router. Workers consume the backend's stream even for plain completions, which lets them enforce the
+the whole router. The pool consumes the backend's stream even for plain completions, which lets it enforce the
 pool's timeout between forward passes and stop decoding the moment a stream's consumer goes away.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from backends.errors import BackendError, DSparkRouterError, ModelLoadError
 from backends.protocol import Backend
@@ -29,6 +29,9 @@ from backends.types import GenerationRequest, GenerationResult, StreamChunk
 from router.config import PoolConfig
 from router.errors import PoolClosedError, PoolTimeoutError, QueueFullError
 from router.feeds import Feed
+
+if TYPE_CHECKING:
+    from backends.engine import StepRecord
 
 OnChunk = Callable[[StreamChunk], None]
 T = TypeVar("T")
@@ -62,6 +65,9 @@ class Pool(ABC):
     def warmup(self) -> None:  # noqa: B027 - optional: pools with nothing to preload keep this no-op
         """Load what can be loaded before the first request, so its latency is not the model's load time."""
 
+    def observe(self, observer: Callable[[StepRecord], None]) -> None:  # noqa: B027 - only batching pools report
+        """Have ``observer`` see every batched forward pass of this pool's local backends (for metrics)."""
+
     @property
     def full(self) -> bool:
         return self.depth >= self.capacity
@@ -92,20 +98,22 @@ class InProcessPool(Pool):
         load_backend: Callable[[], Backend],
         *,
         workers: int = 1,
+        max_batch: int = 1,
         max_queue: int = 32,
         timeout_s: float = 120.0,
     ) -> None:
         self.name, self.kind, self.timeout_s = name, kind, timeout_s
-        self.workers = workers
+        self.workers, self.max_batch = workers, max_batch
         self._load_backend = load_backend
-        self._capacity = workers + max_queue
+        self._capacity = workers * max_batch + max_queue
         self._depth = 0
         self._closed = False
         self._lock = threading.Lock()
-        self._replicas: queue.SimpleQueue[Backend | None] = queue.SimpleQueue()
-        for _ in range(workers):
-            self._replicas.put(None)
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"pool-{name}")
+        self._replicas: list[Backend | None] = [None] * workers
+        self._in_flight = [0] * workers
+        self._loading = [threading.Lock() for _ in range(workers)]
+        self._observers: list[Callable[[StepRecord], None]] = []
+        self._executor = ThreadPoolExecutor(max_workers=workers * max_batch, thread_name_prefix=f"pool-{name}")
 
     @classmethod
     def from_config(cls, name: str, config: PoolConfig) -> InProcessPool:
@@ -114,6 +122,7 @@ class InProcessPool(Pool):
             config.backend,
             lambda: load_backend(config),
             workers=config.workers,
+            max_batch=config.max_batch,
             max_queue=config.max_queue,
             timeout_s=config.timeout_s,
         )
@@ -138,13 +147,13 @@ class InProcessPool(Pool):
         return future
 
     def warmup(self) -> None:
-        held = [self._replicas.get() for _ in range(self.workers)]
-        try:
-            for i, backend in enumerate(held):
-                held[i] = backend or self._load()
-        finally:
-            for backend in held:
-                self._replicas.put(backend)
+        for replica in range(self.workers):
+            self._replica(replica)
+
+    def observe(self, observer: Callable[[StepRecord], None]) -> None:
+        self._observers.append(observer)
+        for backend in self._replicas:
+            _attach(backend, observer)
 
     def close(self) -> None:
         with self._lock:
@@ -154,6 +163,16 @@ class InProcessPool(Pool):
     def _release(self, _: Future[GenerationResult]) -> None:
         with self._lock:
             self._depth -= 1
+
+    def _replica(self, index: int) -> Backend:
+        """Worker ``index``'s backend, loaded by the first request that needs it (the others wait for it)."""
+        with self._loading[index]:
+            if self._replicas[index] is None:
+                backend = self._load()
+                for observer in self._observers:
+                    _attach(backend, observer)
+                self._replicas[index] = backend
+            return self._replicas[index]
 
     def _load(self) -> Backend:
         try:
@@ -166,12 +185,14 @@ class InProcessPool(Pool):
     def _run(self, request: GenerationRequest, on_chunk: OnChunk | None, deadline: float) -> GenerationResult:
         if time.monotonic() >= deadline:
             raise PoolTimeoutError(f"pool {self.name!r}: spent its {self.timeout_s:g}s timeout in the queue")
-        backend = self._replicas.get()
+        with self._lock:
+            index = min(range(self.workers), key=self._in_flight.__getitem__)
+            self._in_flight[index] += 1
         try:
-            backend = backend or self._load()
-            return self._generate(backend, request, on_chunk, deadline)
+            return self._generate(self._replica(index), request, on_chunk, deadline)
         finally:
-            self._replicas.put(backend)
+            with self._lock:
+                self._in_flight[index] -= 1
 
     def _generate(
         self, backend: Backend, request: GenerationRequest, on_chunk: OnChunk | None, deadline: float
@@ -201,22 +222,41 @@ class InProcessPool(Pool):
             raise BackendError(f"pool {self.name!r}: {type(exc).__name__}: {exc}") from exc
 
 
+def _attach(backend: Backend | None, observer: Callable[[StepRecord], None]) -> None:
+    """Local backends batch in an engine that reports its steps; remote ones batch out of sight."""
+    engine = getattr(backend, "engine", None)
+    if engine is not None:
+        engine.observers.append(observer)
+
+
 def load_backend(config: PoolConfig) -> Backend:
     """A fresh backend for one worker; torch and litellm are imported only for the pools that need them."""
     if config.backend == "autoregressive":
         from backends.autoregressive import AutoregressiveBackend
 
-        return AutoregressiveBackend.from_pretrained(config.model, device=config.device, dtype=config.dtype)
+        return AutoregressiveBackend.from_pretrained(
+            config.model, device=config.device, dtype=config.dtype, limits=batch_limits(config)
+        )
     if config.backend == "dspark":
         from backends.dspark import DSparkBackend
 
         backend = DSparkBackend.from_pretrained(
-            config.model, device=config.device, dtype=config.dtype, drafter=config.drafter
+            config.model, device=config.device, dtype=config.dtype, drafter=config.drafter, limits=batch_limits(config)
         )
         return backend.with_options(config.decoding)
     from router.litellm_backend import LiteLLMBackend
 
     return LiteLLMBackend(config.model, api_base=config.api_base, api_key=config.api_key, timeout_s=config.timeout_s)
+
+
+def batch_limits(config: PoolConfig):
+    """A local backend's batch: the pool admits at most ``max_batch`` per worker, so the engine's own queue only
+    holds requests waiting for room in the KV cache."""
+    from backends.engine import BatchLimits
+
+    return BatchLimits(
+        max_batch=config.max_batch, max_kv_tokens=config.max_kv_tokens, max_queue=config.max_batch + config.max_queue
+    )
 
 
 def build_pool(name: str, config: PoolConfig) -> Pool:

@@ -1,7 +1,8 @@
 """``dspark-router worker``: serve one pool's jobs from Redis on this host.
 
-A worker loads the pool's backend (``--concurrency`` replicas, run by an :class:`~router.pools.InProcessPool`, so
-decoding, timeouts and typed errors are the in-process pool's own) and loops:
+A worker loads the pool's backend once (one replica with one batching loop, run by an
+:class:`~router.pools.InProcessPool`, so decoding, timeouts and typed errors are the in-process pool's own),
+takes up to ``--concurrency`` jobs at once (the pool's ``max_batch``), decodes them in one batch, and loops:
 
 1. every heartbeat: report liveness and load, keep its running jobs' claims fresh, and claim (``XAUTOCLAIM``)
    jobs that sat unacknowledged past the visibility timeout because their worker died;
@@ -98,7 +99,9 @@ class Worker:
         self.client = redis.Redis.from_url(
             config.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout + READ_BLOCK_MS / 1000
         )
-        local = config.model_copy(update={"workers": concurrency, "max_queue": 0, "transport": "inprocess"})
+        local = config.model_copy(
+            update={"workers": 1, "max_batch": concurrency, "max_queue": 0, "transport": "inprocess"}
+        )
         self.local = InProcessPool.from_config(pool, local)
         self.running: dict[str, Job] = {}
         self._lock = threading.Lock()
@@ -249,7 +252,9 @@ def add_worker(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="serve one pool's jobs from Redis (a pool with transport: redis)")
     p.add_argument("--config", required=True, help="the router YAML the gateways use")
     p.add_argument("--pool", required=True, help="the pool to serve")
-    p.add_argument("--concurrency", type=int, default=None, help="jobs at once (default: the pool's workers)")
+    p.add_argument(
+        "--concurrency", type=int, default=None, help="jobs at once, in one batch (default: the pool's max_batch)"
+    )
     p.set_defaults(handler=_worker)
 
 
@@ -259,7 +264,7 @@ def _worker(args: argparse.Namespace) -> int:
     if args.pool not in config.pools:
         raise ConfigError("pool", f"unknown pool {args.pool!r} (pools: {', '.join(sorted(config.pools))})")
     pool = config.pools[args.pool]
-    worker = Worker(args.pool, pool, args.concurrency or pool.workers)
+    worker = Worker(args.pool, pool, args.concurrency or pool.max_batch)
     signal.signal(signal.SIGTERM, worker.drain)
     signal.signal(signal.SIGINT, worker.drain)
     return worker.serve()

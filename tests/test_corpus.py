@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from backends.dspark.corpus import (
@@ -12,6 +13,7 @@ from backends.dspark.corpus import (
     iter_chat_prompts,
     render_chat,
 )
+from backends.dspark.drills import iter_copy_drills
 from backends.modelfactory import END_OF_TEXT, IM_END, IM_START
 from backends.prompting import prompt_messages
 from classifiers.subtasks import KINDS
@@ -57,34 +59,56 @@ def test_build_corpus_is_reproducible() -> None:
     assert first != build_corpus(40, seed=2, code_chunks=6, prose_chunks=6)
 
 
-def test_corpus_holds_all_three_sources_each_document_ended_once() -> None:
+def test_corpus_holds_all_four_sources_each_document_ended_once() -> None:
     parts = build_corpus_parts(40, seed=0, code_chunks=6, prose_chunks=6)
-    assert (len(parts.chat), len(parts.code), len(parts.prose)) == (40, 6, 6)
+    assert (len(parts.chat), len(parts.code), len(parts.prose)) == (40, 6, 6) and parts.drills
     docs = parts.documents()
-    assert sorted(docs) == sorted([*parts.chat, *parts.code, *parts.prose])
+    assert sorted(docs) == sorted([*parts.chat, *parts.drills, *parts.code, *parts.prose])
     assert all(doc.endswith(END_OF_TEXT) and doc.count(END_OF_TEXT) == 1 for doc in docs)
-    assert all(doc.startswith(IM_START) and doc.endswith(f"{IM_END}\n{END_OF_TEXT}") for doc in parts.chat)
+    chats = parts.chat + parts.drills
+    assert all(doc.startswith(IM_START) and doc.endswith(f"{IM_END}\n{END_OF_TEXT}") for doc in chats)
     assert all(doc.startswith("# ") and IM_START not in doc for doc in parts.code)
     assert all(IM_START not in doc and "copyright" not in doc.lower() for doc in parts.code + parts.prose)
     used = parts.code_files + parts.prose_files
     assert used and not any(part in path.split("/") for path in used for part in ("test", "site-packages"))
 
 
-def test_default_mix_sizes_code_and_prose_from_the_chat_part() -> None:
+def test_default_mix_sizes_drills_code_and_prose_from_the_chat_part() -> None:
     parts = build_corpus_parts(60, seed=0)
-    chat, code, prose = (sum(map(len, docs)) for docs in (parts.chat, parts.code, parts.prose))
+    chat, drills, code, prose = (sum(map(len, d)) for d in (parts.chat, parts.drills, parts.code, parts.prose))
     slack = CHUNK_CHARS + 100
-    assert chat * 25 / 60 <= code <= chat * 25 / 60 + slack
-    assert chat * 15 / 60 <= prose <= chat * 15 / 60 + slack
+    assert chat * 25 / 50 <= drills <= chat * 25 / 50 + slack
+    assert chat * 15 / 50 <= code <= chat * 15 / 50 + slack
+    assert chat * 10 / 50 <= prose <= chat * 10 / 50 + slack
+
+
+def test_copy_drills_answer_with_values_found_only_in_their_prompt() -> None:
+    """Every drill's answer is made of values its own prompt spells out, and the values are not a small
+    list a model could learn: across 400 drills almost no value repeats."""
+    drills = list(itertools.islice(iter_copy_drills(seed=3), 400))
+    assert drills == list(itertools.islice(iter_copy_drills(seed=3), 400))
+    values = []
+    for messages, answer in drills:
+        prompt = messages[-1]["content"]
+        parsed = json.loads(answer) if answer.startswith("{") else {"value": answer}
+        found = parsed.get("arguments", parsed)
+        assert all(str(value) in prompt for value in found.values()), (prompt, answer)
+        values += [str(v) for v in found.values()]
+    assert len(set(values)) > 0.9 * len(values)
 
 
 def test_manifest_names_sources_and_licences() -> None:
     manifest = corpus_manifest(20, seed=0, code_chunks=3, prose_chunks=3)
     names = {source["name"]: source for source in manifest["sources"]}
-    assert set(names) == {"synthetic-agent-subtasks", "python-stdlib-source", "python-stdlib-docstrings"}
+    assert set(names) == {
+        "synthetic-agent-subtasks",
+        "copy-drills",
+        "python-stdlib-source",
+        "python-stdlib-docstrings",
+    }
     assert names["python-stdlib-source"]["licence"].startswith("PSF")
     assert names["python-stdlib-source"]["python_version"]
     assert names["synthetic-agent-subtasks"]["kinds"] == list(KINDS)
     assert manifest["chars"] == sum(source["chars"] for source in manifest["sources"])
-    assert manifest["documents"] == 26
+    assert manifest["documents"] == 26 + names["copy-drills"]["documents"]
     json.dumps(manifest)  # ready for the model card

@@ -32,11 +32,18 @@ SLACK = 40
 
 
 class Passes:
+    """Counts the passes, each taking at least ``STEP_S``: as long as a real model's step would, rather than the
+    tiny model's fraction of a millisecond, so "within a few passes" measures how fast a disconnect reaches the
+    decoder, not whether a toy model can outrun the event loop."""
+
+    STEP_S = 0.002
+
     def __init__(self) -> None:
         self.count = 0
 
     def hook(self, *_: object) -> None:
         self.count += 1
+        time.sleep(self.STEP_S)
 
 
 def eventually(condition: Callable[[], bool], timeout_s: float = 10) -> None:
@@ -56,7 +63,7 @@ def counted(tmp_path, router_models) -> Iterator[tuple[Router, Passes]]:
         def load():
             backend = load_backend(pool)
             if name == "standard":
-                backend.loaded.model.register_forward_hook(passes.hook)
+                backend.loaded.model.base_model.register_forward_hook(passes.hook)
             return backend
 
         return load

@@ -23,8 +23,10 @@ def request(max_tokens: int = 6, messages=MESSAGES) -> GenerationRequest:
     return GenerationRequest(messages=messages, max_tokens=max_tokens, temperature=0.0)
 
 
-def make_pool(path, *, backend="autoregressive", workers=1, max_queue=1, timeout_s=30.0) -> InProcessPool:
-    config = PoolConfig(backend=backend, model=str(path), workers=workers, max_queue=max_queue, timeout_s=timeout_s)
+def make_pool(path, *, backend="autoregressive", workers=1, max_batch=1, max_queue=1, timeout_s=30.0) -> InProcessPool:
+    config = PoolConfig(
+        backend=backend, model=str(path), workers=workers, max_batch=max_batch, max_queue=max_queue, timeout_s=timeout_s
+    )
     return InProcessPool.from_config("p", config)
 
 
@@ -45,6 +47,27 @@ def test_a_full_pool_refuses_at_once_and_recovers(pool):
         assert time.monotonic() - started < 0.5
     assert pool.depth == 0
     assert pool.complete(request()).usage.completion_tokens > 0
+
+
+def test_a_batching_pool_admits_a_batch_per_worker_and_decodes_it_together(router_models):
+    """Capacity is workers x max_batch running plus the queue; concurrent requests share one forward pass."""
+    pool = make_pool(router_models["standard"], workers=1, max_batch=4, max_queue=2)
+    try:
+        assert pool.capacity == 6
+        pool.warmup()
+        engine = pool._replicas[0].engine
+        rows = []
+        engine.observers.append(lambda record: rows.append(record.rows))
+        with engine.hold():
+            futures = [pool.submit(request(max_tokens=12)) for _ in range(4)]
+            deadline = time.monotonic() + 10
+            while engine.depth < 4 and time.monotonic() < deadline:
+                time.sleep(0.005)
+        results = [f.result(timeout=30) for f in futures]
+        assert max(rows) == 4
+        assert all(r.token_ids == results[0].token_ids for r in results)
+    finally:
+        pool.close()
 
 
 def test_stream_ends_with_the_full_result(pool):

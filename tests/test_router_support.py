@@ -42,11 +42,14 @@ def router_models(tiny_model_paths, tmp_path_factory) -> dict[str, Path]:
 
 
 def config_data(models: dict[str, Path], **policy: Any) -> dict[str, Any]:
-    """Two local pools on the tiny models; ``policy`` keys replace the defaults (no classifier, default standard)."""
+    """Two local pools on the tiny models; ``policy`` keys replace the defaults (no classifier, default standard).
+    One request at a time per pool (``max_batch: 1``), so a held request fills its pool; batching has its own
+    tests."""
+    one = {"workers": 1, "max_batch": 1, "max_queue": 4}
     return {
         "pools": {
-            "dspark": {"backend": "dspark", "model": str(models["dspark"]), "workers": 1, "max_queue": 4},
-            "standard": {"backend": "autoregressive", "model": str(models["standard"]), "workers": 1, "max_queue": 4},
+            "dspark": {"backend": "dspark", "model": str(models["dspark"]), **one},
+            "standard": {"backend": "autoregressive", "model": str(models["standard"]), **one},
         },
         "policy": {"classifier": None, "default_pool": "standard", **policy},
     }

@@ -8,7 +8,6 @@ drafters its folder carries; the pool picks the default, a request's ``dspark.dr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -26,9 +25,11 @@ from backends.dspark.model import DSparkModel
 from backends.dspark.profile import load_or_profile
 from backends.dspark.scheduler import VerifySchedule
 from backends.dspark.selection import SpanPolicy
+from backends.engine import BatchLimits
 from backends.errors import InvalidRequestError, ModelLoadError
 from backends.loading import LoadedModel, load_model
 from backends.local import LocalBackend
+from backends.steps import DecodeLoop
 from backends.types import DSparkOptions, GenerationRequest, GenerationStats
 
 Drafter = Literal["heads", "dspark"]
@@ -46,10 +47,11 @@ class DSparkBackend(LocalBackend):
         schedule: VerifySchedule | None = None,
         default: Drafter = "heads",
         loaded: LoadedModel | None = None,
+        limits: BatchLimits | None = None,
     ) -> None:
         if (model if default == "heads" else drafter) is None:
             raise ModelLoadError(f"a DSpark backend with drafter {default!r} needs that drafter", param="model")
-        super().__init__(model.loaded if model is not None else loaded)
+        super().__init__(model.loaded if model is not None else loaded, limits)
         self.model = model
         self.drafter = drafter
         self.schedule = schedule or VerifySchedule()
@@ -70,6 +72,7 @@ class DSparkBackend(LocalBackend):
         verification: str = "exact",
         drafter: Drafter = "heads",
         drafter_path: str | Path | None = None,
+        limits: BatchLimits | None = None,
     ) -> DSparkBackend:
         """Span-heads options default to what the model's dspark_config.json was tuned with; the published drafter
         comes from ``drafter_path`` or the folder's ``dspark_drafter/``, its SPS profile from beside the model
@@ -83,7 +86,8 @@ class DSparkBackend(LocalBackend):
         published, schedule = None, None
         if drafter == "dspark" or (drafter_dir / DRAFTER_CONFIG_FILE).is_file():
             published = load_drafter(loaded, drafter_dir)
-            sps = load_or_profile(path, loaded, published.block_size + 1)
+            rows = (limits or BatchLimits()).max_batch
+            sps = load_or_profile(path, loaded, rows * (published.block_size + 1))
             schedule = VerifySchedule(sps=sps, verification=verification)
         policy = None
         if model is not None:
@@ -93,7 +97,7 @@ class DSparkBackend(LocalBackend):
                 thresholds=dict(thresholds or config.thresholds),
                 verification=verification,
             )
-        return cls(model, policy, drafter=published, schedule=schedule, default=drafter, loaded=loaded)
+        return cls(model, policy, drafter=published, schedule=schedule, default=drafter, loaded=loaded, limits=limits)
 
     def with_options(self, options: DSparkOptions | None) -> DSparkBackend:
         """This backend with a pool's ``decoding`` options as its defaults (a request may still override them)."""
@@ -109,6 +113,7 @@ class DSparkBackend(LocalBackend):
             schedule=resolve_schedule(self.schedule, options),
             default=options.drafter or self.default,
             loaded=self.loaded,
+            limits=self.engine.limits,
         )
 
     def _require(self, drafter: Drafter) -> None:
@@ -125,7 +130,7 @@ class DSparkBackend(LocalBackend):
         generator: torch.Generator | None,
         stats: GenerationStats,
         constraint: GrammarConstraint | None,
-    ) -> Iterator[list[int]]:
+    ) -> DecodeLoop:
         choice = (request.dspark.drafter if request.dspark is not None else None) or self.default
         self._require(choice)
         if choice == "dspark":

@@ -11,7 +11,7 @@ Each step starts from the base model's logits and last hidden state at the newes
    (speculative sampling, the heads' distributions as the draft); ``confidence`` keeps the whole span.
    A sampled verification also draws the token after the kept prefix (the correction, or the bonus token
    when the whole draft survived) from the same pass's distributions, so the next step samples only its draft;
-4. rejected positions are cropped out of the KV cache and the next step starts from the last kept one.
+4. rejected positions are rewound out of the KV cache and the next step starts from the last kept one.
 
 Under a grammar (``constraint``), text the grammar forces is committed in one pass without drafting, the
 draft is cut at the first token the grammar rejects, and verification compares against grammar-masked
@@ -19,21 +19,21 @@ logits, so every committed token is valid; the grammar only ever consumes commit
 draft needs no grammar rollback.
 
 Every pass commits at least one token, so the loop never does worse than plain decoding in token count.
+The loop is one request's; the engine batches it with the others' (:mod:`backends.steps`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
 from backends.dspark.model import DSparkModel
 from backends.dspark.selection import SpanPolicy
 from backends.sampling import pick_token, sample, token_probs
+from backends.steps import DecodeLoop, Forward, Rewind
 from backends.types import GenerationRequest, GenerationStats, SpanStats
 
 
@@ -46,11 +46,6 @@ class Proposal:
     """Sampling under a grammar: the draft distribution of the token the grammar refused right after the kept
     draft. That token was drafted and is certainly rejected (p = 0), so what follows the draft is drawn from
     max(0, p - q) with this q, as for any rejection, not from p: that keeps sampled output exact."""
-
-
-def prefill(model: DSparkModel, prompt: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
-    hidden, logits = model.forward(prompt, cache)
-    return hidden[-1], logits[-1]
 
 
 def propose(
@@ -158,28 +153,29 @@ def decode(
     generator: torch.Generator | None,
     stats: GenerationStats,
     constraint: GrammarConstraint | None = None,
-) -> Iterator[list[int]]:
-    """Yield the tokens each forward pass commits; the caller closes the generator when output ends."""
+) -> DecodeLoop:
+    """Yield the tokens each forward pass commits; the engine closes the loop when output ends."""
     width = policy.longest - 1
     spans = stats.spans = SpanStats(
         acceptance_by_offset=[0.0] * width, reached_by_offset=[0] * width, accepted_by_offset=[0] * width
     )
     proposed_at, accepted_at = [0] * width, spans.accepted_by_offset
-    cache = DynamicCache(config=model.config)
-    hidden, logits = prefill(model, prompt, cache)
+    out = yield Forward(prompt)
+    hidden, logits = out.hidden[-1], out.logits[-1]
     stats.forward_passes += 1
     next_token: int | None = None
     try:
         while True:
             forced = forced_tokens(constraint, stats)
             if forced:
-                all_hidden, all_logits = model.forward(forced, cache)
+                out = yield Forward(forced)
                 stats.forward_passes += 1
-                hidden, logits, next_token = all_hidden[-1], all_logits[-1], None
+                hidden, logits, next_token = out.hidden[-1], out.logits[-1], None
                 yield forced
                 continue
             proposal = propose(model, hidden, logits, next_token, request, policy, generator, spans, constraint)
-            all_hidden, all_logits = model.forward(proposal.tokens, cache)
+            out = yield Forward(proposal.tokens)
+            all_hidden, all_logits = out.hidden, out.logits
             stats.forward_passes += 1
             draft = proposal.tokens[1:]
             if constraint is not None:
@@ -199,7 +195,7 @@ def decode(
                 accepted_at[offset] += offset < accepted
                 spans.reached_by_offset[offset] += offset <= accepted
             if len(draft) > accepted:
-                cache.crop(accepted - len(draft))
+                yield Rewind(len(draft) - accepted)
             if constraint is not None:
                 constraint.consume(draft[:accepted])
             committed = proposal.tokens[: 1 + accepted]

@@ -8,13 +8,16 @@ correction token of the previous round, or the target's own next token):
    left to right, each token from its own exact distribution softmax(U_k + B(x_{k-1})) (warped by the request's
    temperature/top-k/top-p, so it is the distribution verification divides by); the confidence head gives c_k;
 2. ``schedule``: the verification length, by Algorithm 1 from prefix survival and the profiled SPS curve (or a
-   static threshold); under a grammar the verified draft is further cut at the first token the grammar refuses;
+   static threshold); under a grammar the verified draft is further cut at the first token the grammar refuses.
+   Algorithm 1 weighs every request in the batch at once, so the loop asks the engine twice: before drafting,
+   how many tokens could be worth verifying at this batch size (``Budget``: none, under heavy load, so nothing
+   is drafted), and after, how many to verify (``Schedule``);
 3. ``verify``: one target forward over [anchor, draft...] appends them to the target's KV cache and yields the
    target's logits and features there. Greedy keeps the longest prefix equal to the target's argmax; sampling
    accepts x_k with probability min(1, p/q), resamples from max(0, p - q) at the first rejection, and draws a
    bonus token when all survive. A token the grammar refused counts as rejected there (its p is 0), so the token
    in its place is also drawn from max(0, p - q): cutting it off unverified would change the distribution;
-4. ``commit``: rejected positions are cropped from the target cache, the grammar consumes what was kept, and the
+4. ``commit``: rejected positions are rewound out of the target cache, the grammar consumes what was kept, and the
    kept positions' features wait for the next round's draft.
 
 Text the grammar forces is committed in one target pass without drafting, as in the span-heads loop.
@@ -22,11 +25,9 @@ Text the grammar forces is committed in one target pass without drafting, as in 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
 
 from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
@@ -35,6 +36,7 @@ from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.scheduler import VerifySchedule
 from backends.loading import LoadedModel
 from backends.sampling import pick_token, sample, token_probs
+from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, Rewind, Schedule
 from backends.types import GenerationRequest, GenerationStats, SpanStats
 
 
@@ -54,10 +56,8 @@ class Draft:
     confidence: list[float]
 
 
-def target_forward(loaded: LoadedModel, tokens: list[int], cache: DynamicCache, layer_ids: list[int]) -> TargetPass:
-    input_ids = torch.tensor([tokens], dtype=torch.long, device=loaded.device)
-    out = loaded.model(input_ids=input_ids, cache=cache, use_cache=True, output_hidden_states=True)
-    return TargetPass(out.logits[0], target_features(out.hidden_states, layer_ids)[0])
+def target_pass(out: ForwardOut, layer_ids: list[int]) -> TargetPass:
+    return TargetPass(out.logits, target_features(out.hidden_states, layer_ids)[0])
 
 
 def draft(
@@ -119,24 +119,23 @@ def decode(
     generator: torch.Generator | None,
     stats: GenerationStats,
     constraint: GrammarConstraint | None = None,
-) -> Iterator[list[int]]:
-    """Yield the tokens each target pass commits; the caller closes the generator when output ends."""
+) -> DecodeLoop:
+    """Yield the tokens each target pass commits; the engine closes the loop when output ends."""
     layer_ids = drafter.config.target_layer_ids
     gamma = drafter.block_size
     spans = stats.spans = SpanStats(
         acceptance_by_offset=[0.0] * gamma, reached_by_offset=[0] * gamma, accepted_by_offset=[0] * gamma
     )
     verified_at, accepted_at = [0] * gamma, spans.accepted_by_offset
-    cache = DynamicCache(config=loaded.model.config)
     context = ContextCache(len(drafter.layers))
-    step = target_forward(loaded, prompt, cache, layer_ids)
+    step = target_pass((yield Forward(prompt, hidden_states=True)), layer_ids)
     stats.forward_passes += 1
     pending, logits, next_token = [step.features], step.logits[-1], None
     try:
         while True:
             forced = forced_tokens(constraint, stats)
             if forced:
-                step = target_forward(loaded, forced, cache, layer_ids)
+                step = target_pass((yield Forward(forced, hidden_states=True)), layer_ids)
                 stats.forward_passes += 1
                 pending.append(step.features)
                 logits, next_token = step.logits[-1], None
@@ -152,21 +151,22 @@ def decode(
             drafter.extend_context(context, torch.cat(pending))
             room = drafter.block_size if loaded.max_context is None else loaded.max_context - context.length - 1
             limit = max(0, min(schedule.limit(drafter.block_size), room))
+            limit = yield Budget(schedule, limit)
             block = draft(drafter, context, anchor, request, generator, limit)
-            length = schedule.length(block.confidence, limit)
+            length = yield Schedule(schedule, block.confidence, limit)
             tokens = block.tokens[:length]
             if constraint is not None:
                 tokens = tokens[: constraint.valid_prefix(tokens)]
             kept_rows = len(tokens) + (len(tokens) < length)
             probs = None if block.probs is None else block.probs[:kept_rows]
-            step = target_forward(loaded, [anchor, *tokens], cache, layer_ids)
+            step = target_pass((yield Forward([anchor, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1
             step_logits = step.logits
             if constraint is not None:
                 step_logits = step_logits.masked_fill(~constraint.span_masks(tokens).to(step_logits.device), -torch.inf)
             accepted, next_token = verify(tokens, probs, step_logits, request, schedule, generator)
             if len(tokens) > accepted:
-                cache.crop(accepted - len(tokens))
+                yield Rewind(len(tokens) - accepted)
             if constraint is not None:
                 constraint.consume(tokens[:accepted])
             for offset in range(len(tokens)):

@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+TIE = 1e-9
+"""Relative margin below which tau * SPS counts as not improved: a compute-bound forward ties exactly, in theory."""
+
 
 @dataclass(frozen=True)
 class SpsCurve:
@@ -25,31 +28,51 @@ class SpsCurve:
     steps_per_s: dict[int, float]
 
     def at(self, tokens: int) -> float:
-        """Beyond the profiled lengths a forward is taken to be compute-bound: its time grows with its length."""
+        """Between profiled lengths, the forward time is interpolated; beyond them a forward is taken to be
+        compute-bound: its time grows with its length."""
         if tokens in self.steps_per_s:
             return self.steps_per_s[tokens]
-        longest = max(self.steps_per_s)
-        return self.steps_per_s[longest] * longest / tokens
+        lengths = sorted(self.steps_per_s)
+        if tokens > lengths[-1]:
+            return self.steps_per_s[lengths[-1]] * lengths[-1] / tokens
+        upper = next(n for n in lengths if n > tokens)
+        lower = max(n for n in lengths if n < tokens)
+        share = (tokens - lower) / (upper - lower)
+        seconds = (1 - share) / self.steps_per_s[lower] + share / self.steps_per_s[upper]
+        return 1.0 / seconds
 
 
-def choose_lengths(survival: Sequence[Sequence[float]], sps: SpsCurve) -> list[int]:
+def choose_lengths(survival: Sequence[Sequence[float]], sps: SpsCurve, rows: int | None = None) -> list[int]:
     """Algorithm 1: how many draft tokens of each request to verify this step, given each request's prefix
     survivals a_{r,1..gamma} (non-increasing along a request's block, so admitting in descending order keeps
-    every request's verified tokens a prefix of its draft)."""
+    every request's verified tokens a prefix of its draft). ``rows`` counts every request in the forward pass,
+    those without a draft too (each brings one certain token); by default, the requests in ``survival``."""
     candidates = sorted(
         ((a, r, j) for r, row in enumerate(survival) for j, a in enumerate(row)), key=lambda c: (-c[0], c[1], c[2])
     )
     lengths = [0] * len(survival)
-    batch = len(survival)
+    batch = len(survival) if rows is None else rows
     expected = float(batch)
     best = expected * sps.at(batch)
     for a, r, _ in candidates:
         value = (expected + a) * sps.at(batch + 1)
-        if value <= best:
+        if value <= best * (1 + TIE):
             break
         batch, expected, best = batch + 1, expected + a, value
         lengths[r] += 1
     return lengths
+
+
+def draft_budget(sps: SpsCurve, rows: int, limit: int) -> int:
+    """The most draft tokens Algorithm 1 could verify for any one request in a forward of ``rows`` requests,
+    before anything is drafted: candidate k can only be admitted if SPS(rows + k) > rows * (SPS(rows + k - 1) -
+    SPS(rows + k)), its condition at the best case (survival 1, tau at its least, rows). It depends on no draft,
+    so drafting only this many tokens changes no decision, and under heavy load (a compute-bound forward) it
+    is 0: no request drafts at all."""
+    for k in range(1, limit + 1):
+        if sps.at(rows + k) <= rows * (sps.at(rows + k - 1) - sps.at(rows + k)) + TIE * sps.at(rows + k):
+            return k - 1
+    return limit
 
 
 def prefix_survival(confidence: Sequence[float]) -> list[float]:
@@ -75,6 +98,15 @@ class VerifySchedule:
     max_draft: int | None = None
     verification: Literal["exact", "confidence"] = "exact"
 
+    @property
+    def batched(self) -> bool:
+        """Whether Algorithm 1 over the profile decides, which across a batch is one choice for every request."""
+        return self.sps is not None and self.threshold is None
+
+    def budget(self, rows: int, limit: int) -> int:
+        """Draft tokens worth drafting at a batch of ``rows`` (see :func:`draft_budget`)."""
+        return draft_budget(self.sps, rows, limit) if self.batched else limit
+
     def limit(self, block_size: int) -> int:
         return block_size if self.max_draft is None else min(block_size, self.max_draft)
 
@@ -86,3 +118,17 @@ class VerifySchedule:
             below = [k for k, c in enumerate(confidence) if c < self.threshold]
             return min(limit, below[0] if below else len(confidence))
         return min(limit, choose_lengths([prefix_survival(confidence)], self.sps)[0])
+
+
+def schedule_batch(requests: Sequence[tuple[VerifySchedule, Sequence[float], int]], rows: int) -> list[int]:
+    """Verification lengths for this step's drafting requests, given as (schedule, confidences, drafted), in a
+    forward of ``rows`` requests. Those scheduled by Algorithm 1 over a profile share one choice across the
+    batch, the paper's setting; the others (a static threshold, a fixed block) follow their own rule."""
+    lengths = [schedule.length(confidence, limit) for schedule, confidence, limit in requests]
+    joint = [i for i, (schedule, confidence, _) in enumerate(requests) if schedule.batched and confidence]
+    if joint:
+        sps = requests[joint[0]][0].sps
+        survival = [prefix_survival(requests[i][1][: requests[i][2]]) for i in joint]
+        for i, length in zip(joint, choose_lengths(survival, sps, rows)):
+            lengths[i] = length
+    return lengths

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from backends.dspark.corpus import build_corpus, iter_chat_prompts
+from backends.dspark.corpus import DEFAULT_MIX, Mix, build_corpus, iter_chat_prompts, split_chat_document
 from backends.dspark.heads import CONFIG_FILE
 from backends.dspark.model import DSparkModel
 from backends.loading import LoadedModel, load_model
@@ -56,7 +56,11 @@ class TrainConfig:
     hidden: int = 256
     layers: int = 4
     attention_heads: int = 4
-    context: int = 512
+    context: int = 1024
+    mix: Mix = DEFAULT_MIX
+    stop_at: int | None = None
+    """Leave after this step (checkpointed), with the LR schedule still that of ``steps``: the first stage of a
+    curriculum whose next stage resumes with other data."""
 
 
 @dataclass
@@ -92,15 +96,49 @@ def span_losses(
     return losses[0], losses[1:], accuracies
 
 
-def corpus_batches(
-    token_stream: list[int], batch_size: int, seq_len: int, rng: random.Random
+def pack_documents(
+    documents: Sequence[str], tokenizer, seq_len: int, pad_id: int
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(ids, labels) rows of ``seq_len`` tokens, each a run of whole documents (a document that does not fit
+    opens the next row; a longer one is cut), so every answer is trained with its whole prompt in view.
+
+    A chat document's prompt is tokenized on its own and left out of the loss: it is what serving tokenizes
+    before generating, and its values (names, dates, code) are draws the model must copy, not predict."""
+    rows: list[tuple[torch.Tensor, torch.Tensor]] = []
+    ids: list[int] = []
+    labels: list[int] = []
+
+    def close_row() -> None:
+        if ids:
+            width = seq_len - len(ids)
+            rows.append((torch.tensor(ids + [pad_id] * width), torch.tensor(labels + [IGNORE] * width)))
+            ids.clear()
+            labels.clear()
+
+    for doc in documents:
+        prompt, answer = split_chat_document(doc)
+        prompt_ids = tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
+        answer_ids = tokenizer.encode(answer, add_special_tokens=False)
+        doc_ids = (prompt_ids + answer_ids)[:seq_len]
+        doc_labels = ([IGNORE] * len(prompt_ids) + answer_ids)[:seq_len]
+        if len(ids) + len(doc_ids) > seq_len:
+            close_row()
+        ids += doc_ids
+        labels += doc_labels
+    close_row()
+    return rows
+
+
+def row_batches(
+    rows: Sequence[tuple[torch.Tensor, torch.Tensor]], batch_size: int, rng: random.Random
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Random windows of a concatenated corpus, forever."""
-    starts = range(0, len(token_stream) - seq_len - 1)
+    """Shuffled epochs over packed rows, forever."""
+    order = list(range(len(rows)))
     while True:
-        rows = [token_stream[s : s + seq_len] for s in rng.sample(starts, batch_size)]
-        ids = torch.tensor(rows, dtype=torch.long)
-        yield ids, ids
+        rng.shuffle(order)
+        for start in range(0, len(order) - batch_size + 1, batch_size):
+            picked = [rows[i] for i in order[start : start + batch_size]]
+            yield torch.stack([r[0] for r in picked]), torch.stack([r[1] for r in picked])
 
 
 def sequence_batches(
@@ -177,7 +215,7 @@ def train(
     started = time.perf_counter()
     with JobProgress() as progress:
         task = progress.add_job(f"train ({config.mode})", total=config.steps, completed=start_step)
-        for step in range(start_step, config.steps):
+        for step in range(start_step, config.stop_at or config.steps):
             ids, labels = next(batches)
             ids, labels = ids.to(model.loaded.device), labels.to(model.loaded.device)
             base_loss, head_losses, accuracies = span_losses(model, ids, labels)
@@ -195,7 +233,7 @@ def train(
             ema = {k: v if k not in ema else 0.95 * ema[k] + 0.05 * v for k, v in values.items()}
             status = " ".join(f"{k}={v:.3f}" for k, v in ema.items())
             progress.step(task, status=status)
-            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 in (config.steps, config.stop_at):
                 _checkpoint(model, optimizer, config, step + 1)
     model.loaded.model.eval()
     model.heads.eval()
@@ -293,7 +331,8 @@ def run(config: TrainConfig, chat_examples: int = 20_000) -> TrainReport:
     """One whole training job: data, model, loop, and the trained folder (model card numbers included)."""
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
-    texts = build_corpus(chat_examples, seed=config.seed) if config.mode == "scratch" or not config.self_distill else []
+    scratch_data = config.mode == "scratch" or not config.self_distill
+    texts = build_corpus(chat_examples, seed=config.seed, mix=config.mix) if scratch_data else []
     model = model_for(config, texts)
     tokenizer = model.loaded.tokenizer
     if config.mode == "heads" and config.self_distill:
@@ -301,8 +340,8 @@ def run(config: TrainConfig, chat_examples: int = 20_000) -> TrainReport:
         sequences = self_distillation_set(model.loaded, prompts, config.distill_tokens)
         batches = sequence_batches(sequences, config.batch_size, tokenizer.pad_token_id, rng)
     else:
-        stream = [t for doc in texts for t in tokenizer.encode(doc, add_special_tokens=False)]
-        batches = corpus_batches(stream, config.batch_size, config.seq_len, rng)
+        rows = pack_documents(texts, tokenizer, config.seq_len, tokenizer.pad_token_id)
+        batches = row_batches(rows, config.batch_size, rng)
     report = train(model, batches, config)
     model.save(config.output)
     (config.output / f"train_report_{config.mode}.json").write_text(json.dumps(asdict(report), indent=2) + "\n")

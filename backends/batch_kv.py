@@ -1,0 +1,180 @@
+"""The KV cache of every request in the running batch, and the ragged forward pass over it.
+
+All rows share one ``DynamicCache`` of shape [rows, heads, slots, head_dim] per layer. A row owns a mask over
+the slots (``valid``) and a length: the number of positions it has committed, which is also the RoPE position
+of its next token. Keys are cached after RoPE, so where a position sits among the slots does not matter, only
+whether the row may attend to it. That makes every per-request operation cheap and exact:
+
+- a step feeds each row its own number of tokens (one for plain decoding, anchor plus draft for DSpark); the
+  batch is padded to the longest, and a 4D mask lets each real query see its row's valid slots and its own
+  earlier new tokens; padding queries see only themselves and their slots are never valid;
+- a rejected draft (``rewind``) is masked out, not cut, since its slots sit between other rows' columns;
+  ``compact`` packs each row's valid slots to the left once enough holes have built up;
+- a newcomer is prefilled alone (one prompt never pads the batch) and joins as a new row; a finished request
+  leaves by dropping its row.
+
+A batch of one with no holes runs without a mask or position ids, exactly the solo forward of before.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from backends.loading import LoadedModel
+from backends.steps import ForwardOut
+
+COMPACT_SLACK = 32
+"""Free slots per row tolerated before compaction: a gather of the whole cache, so not every step."""
+
+
+class BatchedKV:
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.base = loaded.model.base_model
+        self.lm_head = loaded.model.get_output_embeddings()
+        self.config = loaded.model.config
+        self.device = loaded.device
+        self.dtype = loaded.model.dtype
+        self.pad_id = loaded.tokenizer.pad_token_id or 0
+        self.members: list[object] = []
+        self.lengths: list[int] = []
+        self.cache = DynamicCache(config=self.config)
+        self.valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
+
+    @property
+    def slots(self) -> int:
+        return self.valid.shape[1]
+
+    @property
+    def rows(self) -> int:
+        return len(self.members)
+
+    def __contains__(self, member: object) -> bool:
+        return any(m is member for m in self.members)
+
+    def prefill(self, member: object, tokens: list[int], hidden_states: bool = False) -> ForwardOut:
+        """The prompt of a newcomer, run alone into a cache of its own, which then joins the batch as a row."""
+        cache = DynamicCache(config=self.config)
+        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
+        out = self.base(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=hidden_states)
+        self._join(member, cache, len(tokens))
+        hidden = out.last_hidden_state[0]
+        states = tuple(out.hidden_states) if hidden_states else None
+        return ForwardOut(hidden, self.lm_head(hidden), states)
+
+    def step(self, inputs: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
+        """One forward pass over every row, row r fed ``inputs[r]`` (at least one token each)."""
+        counts = [len(tokens) for tokens in inputs]
+        width = max(counts)
+        ids = torch.full((self.rows, width), self.pad_id, dtype=torch.long)
+        for r, tokens in enumerate(inputs):
+            ids[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        ids = ids.to(self.device)
+        real = torch.arange(width, device=self.device)[None, :] < torch.tensor(counts, device=self.device)[:, None]
+        if self.rows == 1 and bool(self.valid.all()):
+            mask = positions = None
+        else:
+            positions = torch.tensor(self.lengths, device=self.device)[:, None] + torch.arange(
+                width, device=self.device
+            )
+            mask = self._mask(real, width)
+        out = self.base(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            cache=self.cache,
+            use_cache=True,
+            output_hidden_states=hidden_states,
+        )
+        self.valid = torch.cat([self.valid, real], dim=1)
+        self.lengths = [length + n for length, n in zip(self.lengths, counts)]
+        hidden = out.last_hidden_state
+        logits = self.lm_head(hidden[real]).split(counts)
+        results = []
+        for r, n in enumerate(counts):
+            states = tuple(h[r : r + 1, :n] for h in out.hidden_states) if hidden_states else None
+            results.append(ForwardOut(hidden[r, :n], logits[r], states))
+        return results
+
+    def rewind(self, member: object, tokens: int) -> None:
+        """Mask out the last ``tokens`` positions of ``member``'s row (its rejected draft)."""
+        if tokens <= 0:
+            return
+        r = self._index(member)
+        slots = self.valid[r].nonzero().flatten()[-tokens:]
+        self.valid[r, slots] = False
+        self.lengths[r] -= tokens
+        self._trim()
+
+    def remove(self, member: object) -> None:
+        r = self._index(member)
+        del self.members[r], self.lengths[r]
+        if not self.members:
+            self.cache = DynamicCache(config=self.config)
+            self.valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
+            return
+        keep = torch.tensor([i for i in range(self.valid.shape[0]) if i != r], device=self.device)
+        self.cache.batch_select_indices(keep)
+        self.valid = self.valid[keep]
+        self._trim()
+        self.compact()
+
+    def compact(self) -> None:
+        """Pack each row's valid slots to the left, when the holes outgrow ``COMPACT_SLACK``."""
+        longest = max(self.lengths, default=0)
+        if self.slots <= longest + COMPACT_SLACK:
+            return
+        order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :longest]
+        for layer in self.cache.layers:
+            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            layer.keys = layer.keys.gather(2, index)
+            layer.values = layer.values.gather(2, index)
+        self.valid = (
+            torch.arange(longest, device=self.device)[None, :] < torch.tensor(self.lengths, device=self.device)[:, None]
+        )
+
+    def _mask(self, real: torch.Tensor, width: int) -> torch.Tensor:
+        """[rows, 1, width, slots + width] additive mask: a real query sees its row's valid slots and the real
+        new tokens up to itself; a padding query sees only itself, so no row of the softmax is empty."""
+        causal = torch.tril(torch.ones(width, width, dtype=torch.bool, device=self.device))
+        new = (causal[None] & real[:, None, :]) | torch.eye(width, dtype=torch.bool, device=self.device)[None]
+        old = self.valid[:, None, :] & real[:, :, None]
+        allowed = torch.cat([old, new], dim=-1)[:, None]
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+
+    def _join(self, member: object, cache: DynamicCache, length: int) -> None:
+        if not self.members:
+            self.cache = cache
+            self.valid = torch.ones((1, length), dtype=torch.bool, device=self.device)
+        else:
+            width = max(self.slots, length)
+            for layer, new in zip(self.cache.layers, cache.layers):
+                layer.keys = torch.cat([_pad_slots(layer.keys, width), _pad_slots(new.keys, width)])
+                layer.values = torch.cat([_pad_slots(layer.values, width), _pad_slots(new.values, width)])
+            row = torch.arange(width, device=self.device)[None, :] < length
+            self.valid = torch.cat([_pad_slots(self.valid, width), row])
+        self.members.append(member)
+        self.lengths.append(length)
+
+    def _trim(self) -> None:
+        """Drop trailing slots no row uses (a batch of one then never carries holes)."""
+        used = self.valid.any(dim=0).nonzero()
+        keep = int(used.max()) + 1 if used.numel() else 0
+        if keep < self.slots:
+            self.cache.crop(keep - self.slots)
+            self.valid = self.valid[:, :keep]
+
+    def _index(self, member: object) -> int:
+        return next(i for i, m in enumerate(self.members) if m is member)
+
+
+def _pad_slots(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero (or False) slots appended on the slot axis (dim 2 of keys and values, dim 1 of a mask) up to width."""
+    axis = 2 if tensor.dim() == 4 else 1
+    missing = width - tensor.shape[axis]
+    if missing == 0:
+        return tensor
+    shape = list(tensor.shape)
+    shape[axis] = missing
+    return torch.cat([tensor, tensor.new_zeros(shape)], dim=axis)

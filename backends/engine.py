@@ -1,0 +1,250 @@
+"""The batching loop: one thread per backend that runs every admitted request's decode loop in one batch.
+
+Each step of the loop:
+
+1. *admit* waiting requests while the batch has room (``max_batch`` rows, ``max_kv_tokens`` reserved
+   positions: prompt plus ``max_tokens`` per request); a request beyond ``max_queue`` waiting is refused with
+   :class:`QueueFullError` at once;
+2. *prefill* at most one newcomer, alone, so a long prompt stalls the others for one prefill at most;
+3. answer the published drafter's *budget* and *schedule* questions across the whole batch (Algorithm 1:
+   the verification length of every request from every request's confidence and the cost of the forward);
+4. run one *forward* pass over every row, each fed its own tokens, and hand each loop its outputs; the loops
+   verify and commit on their own, and a request that has ended (EOS, stop, length, grammar, cancelled)
+   leaves the batch at once.
+
+Loops only ever see their own request, so with one request the engine is exactly the solo decoder; with many,
+greedy output is the same token for token and seeded sampling the same draw for draw (each request samples
+from its own generator), whatever else shares the batch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+
+from backends.batch_kv import BatchedKV
+from backends.dspark.scheduler import schedule_batch
+from backends.errors import BackendError, DSparkRouterError, InvalidRequestError, QueueFullError
+from backends.loading import LoadedModel
+from backends.sequence import Sequence
+from backends.steps import Budget, Forward, Rewind, Schedule
+
+IDLE_EXIT_S = 30.0
+"""An engine's thread ends after this long with nothing to do; the next request starts a new one."""
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_batch: int = 16
+    """Requests decoding at once."""
+    max_kv_tokens: int = 65_536
+    """Positions the running requests may hold in the KV cache, counted as prompt + max_tokens each."""
+    max_queue: int = 256
+    """Requests waiting for a place before new ones are refused."""
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one forward pass of the batch did, for metrics: rows, tokens fed, and each drafting request's
+    verification budget."""
+
+    rows: int
+    tokens: int
+    budgets: list[int] = field(default_factory=list)
+
+
+Observer = Callable[[StepRecord], None]
+
+
+class DecodeEngine:
+    def __init__(self, loaded: LoadedModel, limits: BatchLimits | None = None) -> None:
+        self.limits = limits or BatchLimits()
+        self.kv = BatchedKV(loaded)
+        self._loaded = loaded
+        self._waiting: deque[Sequence] = deque()
+        self._running: list[Sequence] = []
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._held = 0
+        self._stopping = False
+        self._exit_hook = False
+        self.observers: list[Observer] = []
+
+    @property
+    def depth(self) -> int:
+        """Requests waiting or decoding."""
+        return len(self._waiting) + len(self._running)
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        """Admit nothing new until the block ends (running requests go on): requests submitted meanwhile start
+        together, as a closed-loop benchmark or a test of batching needs."""
+        with self._wake:
+            self._held += 1
+        try:
+            yield
+        finally:
+            with self._wake:
+                self._held -= 1
+                self._wake.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Block until no request is waiting or decoding (a drain, a test); False if that took too long."""
+        with self._wake:
+            return self._wake.wait_for(lambda: not self._waiting and not self._running, timeout_s)
+
+    def submit(self, sequence: Sequence) -> None:
+        """Queue a request (its loop made, not started) for the batch, or refuse it now: it could never fit, or
+        the queue is full."""
+        if sequence.reserved_tokens > self.limits.max_kv_tokens:
+            raise InvalidRequestError(
+                f"prompt plus max_tokens is {sequence.reserved_tokens} tokens, more than this pool's KV cache "
+                f"holds for one request ({self.limits.max_kv_tokens})",
+                param="max_tokens",
+            )
+        with self._wake:
+            if len(self._waiting) >= self.limits.max_queue:
+                raise QueueFullError(f"the batch is full and {len(self._waiting)} requests are waiting")
+            self._waiting.append(sequence)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="decode-engine", daemon=True)
+                self._thread.start()
+                if not self._exit_hook:
+                    atexit.register(_stop, weakref.ref(self))
+                    self._exit_hook = True
+            self._wake.notify_all()
+
+    def stop(self) -> None:
+        """End the batching thread once the running requests are done (a new request starts it again)."""
+        with self._wake:
+            thread, self._stopping = self._thread, True
+            self._wake.notify_all()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._wake:
+            self._stopping = False
+
+    def _serve(self) -> None:
+        with torch.inference_mode():
+            while self._admit():
+                time.sleep(0)  # hand the GIL over once a step: event loops and stream readers keep up
+                try:
+                    self._step()
+                except Exception as exc:  # the batch's own forward failed: its requests fail, the engine goes on
+                    error = _typed(exc)
+                    for sequence in list(self._running):
+                        self._retire(sequence, error=error)
+                    self.kv = BatchedKV(self._loaded)
+
+    def _admit(self) -> bool:
+        """Move waiting requests into the batch while it has room; sleep while there is nothing to do. False
+        ends the thread: stopped, or idle for ``IDLE_EXIT_S`` (so an unused backend holds no thread)."""
+        with self._wake:
+            while not self._running and (self._held or not self._waiting):
+                if self._stopping or not self._wake.wait(IDLE_EXIT_S):
+                    if self._running or (self._waiting and not self._held):
+                        continue
+                    self._thread = None
+                    return False
+            if self._held:
+                return True
+            reserved = sum(s.reserved_tokens for s in self._running)
+            while self._waiting and len(self._running) < self.limits.max_batch:
+                sequence = self._waiting[0]
+                if sequence.cancelled.is_set():
+                    self._waiting.popleft()
+                    continue
+                if reserved + sequence.reserved_tokens > self.limits.max_kv_tokens:
+                    break
+                self._waiting.popleft()
+                reserved += sequence.reserved_tokens
+                self._running.append(sequence)
+                sequence.start()
+                self._advance(sequence, None)
+        return True
+
+    def _step(self) -> None:
+        for sequence in [s for s in self._running if s.cancelled.is_set()]:
+            self._retire(sequence, finished=False)
+        newcomer = next((s for s in self._running if s not in self.kv), None)
+        if newcomer is not None:
+            request = newcomer.pending
+            self._advance(newcomer, self.kv.prefill(newcomer, request.tokens, request.hidden_states))
+        rows = [s for s in self.kv.members if s.pending is not None]
+        if not rows:
+            return
+        for sequence in rows:
+            if isinstance(sequence.pending, Budget):
+                self._advance(sequence, sequence.pending.schedule.budget(len(rows), sequence.pending.limit))
+        scheduled = [s for s in rows if isinstance(s.pending, Schedule)]
+        budgets = schedule_batch(
+            [(s.pending.schedule, s.pending.confidence, s.pending.limit) for s in scheduled], len(rows)
+        )
+        for sequence, length in zip(scheduled, budgets):
+            self._advance(sequence, length)
+        rows = [s for s in self.kv.members if s.pending is not None]
+        if not rows:
+            return
+        if any(not isinstance(s.pending, Forward) for s in rows):
+            raise BackendError("a decode loop asked for something other than a forward pass at the forward")
+        inputs = [s.pending.tokens for s in rows]
+        outputs = self.kv.step(inputs, any(s.pending.hidden_states for s in rows))
+        for sequence, out in zip(rows, outputs):
+            self._advance(sequence, out)
+        self.kv.compact()
+        record = StepRecord(rows=len(rows), tokens=sum(map(len, inputs)), budgets=budgets)
+        for observer in self.observers:
+            observer(record)
+
+    def _advance(self, sequence: Sequence, answer: object) -> None:
+        """Run the loop to its next question (a forward, a budget, a schedule), committing what it yields on
+        the way; a finished or failed request leaves the batch."""
+        try:
+            item = sequence.loop.send(answer)
+            while isinstance(item, (list, Rewind)):
+                if isinstance(item, Rewind):
+                    self.kv.rewind(sequence, item.tokens)
+                elif sequence.push(item):
+                    self._retire(sequence, finished=True)
+                    return
+                item = sequence.loop.send(None)
+            sequence.pending = item
+        except Exception as exc:
+            sequence.pending = None
+            self._retire(sequence, error=_typed(exc))
+
+    def _retire(self, sequence: Sequence, *, finished: bool = False, error: BaseException | None = None) -> None:
+        sequence.pending = None
+        if sequence in self.kv:
+            self.kv.remove(sequence)
+        with self._wake:
+            self._running.remove(sequence)
+            self._wake.notify_all()
+        if error is not None:
+            sequence.fail(error)
+        elif finished:
+            sequence.finish()
+        else:
+            sequence.fail(BackendError("cancelled"))
+
+
+def _stop(engine: weakref.ref[DecodeEngine]) -> None:
+    """At interpreter exit: a thread still inside torch while the interpreter tears down aborts the process."""
+    alive = engine()
+    if alive is not None:
+        alive.stop()
+
+
+def _typed(exc: Exception) -> DSparkRouterError:
+    """A failure inside one loop fails that request with a typed error; the batch goes on."""
+    if isinstance(exc, DSparkRouterError):
+        return exc
+    return BackendError(f"decoding failed: {type(exc).__name__}: {exc}")

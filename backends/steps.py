@@ -1,0 +1,68 @@
+"""What a decode loop asks of the batching engine, and what it gets back.
+
+Every decode loop (plain, span heads, published drafter) is written as the one-request loop it is, as a
+generator: where a solo loop would call the model, it yields :class:`Forward` and receives the outputs at its
+tokens' positions; where it would crop its KV cache it yields :class:`Rewind`; a list of token ids is what it
+commits. The engine (:mod:`backends.engine`) drives many such loops at once and answers all their forwards
+with one batched forward pass, so batching never shows in the loops themselves.
+
+The published drafter's loop also yields :class:`Budget` before it drafts and :class:`Schedule` before it
+verifies: how many tokens a request may verify depends on the whole batch (the paper's Algorithm 1), which
+only the engine sees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from dataclasses import dataclass
+
+import torch
+
+from backends.dspark.scheduler import VerifySchedule
+
+
+@dataclass(frozen=True)
+class Forward:
+    """Run ``tokens`` through the model after everything this request committed; ``hidden_states`` asks for
+    every layer's output as well (the published drafter's injected context)."""
+
+    tokens: list[int]
+    hidden_states: bool = False
+
+
+@dataclass
+class ForwardOut:
+    hidden: torch.Tensor
+    """[n, hidden]: the base model's last hidden state (after its final norm) at each of the n positions."""
+    logits: torch.Tensor
+    """[n, V]."""
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    """Per layer (embedding output first) [1, n, hidden], when the Forward asked for them."""
+
+
+@dataclass(frozen=True)
+class Rewind:
+    """Forget the last ``tokens`` positions run through the model (the rejected draft)."""
+
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Before drafting: the most draft tokens worth verifying at the batch's size; answered with an int."""
+
+    schedule: VerifySchedule
+    limit: int
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """After drafting: how many of the draft's tokens to verify, from their confidences; answered with an int."""
+
+    schedule: VerifySchedule
+    confidence: list[float]
+    limit: int
+
+
+Step = Forward | Rewind | Budget | Schedule | list[int]
+DecodeLoop = Generator[Step, ForwardOut | int | None, None]

@@ -1,0 +1,197 @@
+"""Batched decoding: many requests in one forward pass, each one's output as if it had run alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from backends import AutoregressiveBackend, GenerationRequest
+from backends.dspark.backend import DSparkBackend
+from backends.dspark.scheduler import SpsCurve, VerifySchedule, choose_lengths, draft_budget
+from backends.engine import BatchLimits, StepRecord
+from backends.errors import QueueFullError
+from tests.test_dspark import assert_equal_or_near_tie, perturbed_heads_model
+from tests.test_dspark_drafter import perturbed_drafter
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+MIX = [
+    GenerationRequest(prompt="x", max_tokens=12, temperature=0.0),
+    GenerationRequest(prompt="def parse(value):\n    return value" * 3, max_tokens=30, temperature=0.0),
+    GenerationRequest(prompt="import json\n\nclass Encoder:", max_tokens=24, temperature=0.0, stop=["\n", "e"]),
+    GenerationRequest(
+        prompt="The result is",
+        max_tokens=40,
+        temperature=0.0,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
+    ),
+    GenerationRequest(prompt="for i in range(", max_tokens=20, temperature=0.0),
+]
+
+
+@pytest.fixture(scope="module")
+def heads_model(tiny_model_paths):
+    return perturbed_heads_model(tiny_model_paths["llama"], seed=2)
+
+
+def _backends(heads_model, limits: BatchLimits | None = None) -> dict[str, object]:
+    loaded = heads_model.loaded
+    return {
+        "autoregressive": AutoregressiveBackend(loaded, limits),
+        "heads": DSparkBackend(heads_model, limits=limits),
+        "published": DSparkBackend(
+            None,
+            drafter=perturbed_drafter(loaded, seed=4),
+            schedule=VerifySchedule(sps=SpsCurve({n: 100.0 for n in range(1, 9)})),
+            default="dspark",
+            loaded=loaded,
+            limits=limits,
+        ),
+    }
+
+
+def complete_together(backend, requests: list[GenerationRequest]) -> tuple[list, list[StepRecord]]:
+    """Every request admitted in the same step, so they decode as one batch from the start."""
+    records: list[StepRecord] = []
+    backend.engine.observers.append(records.append)
+    results: list = [None] * len(requests)
+
+    def run(i: int) -> None:
+        results[i] = backend.complete(requests[i])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(requests))]
+    with backend.engine.hold():
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 30
+        while backend.engine.depth < len(requests) and time.monotonic() < deadline:
+            time.sleep(0.005)
+    for thread in threads:
+        thread.join(60)
+    backend.engine.observers.remove(records.append)
+    return results, records
+
+
+@pytest.mark.parametrize("kind", ["autoregressive", "heads", "published"])
+def test_greedy_output_under_batching_equals_solo(heads_model, kind):
+    """Prompts of different lengths, stop strings and a JSON schema, batched: each equals its solo run."""
+    backend = _backends(heads_model)[kind]
+    solo = [backend.complete(request) for request in MIX]
+    batched, records = complete_together(backend, MIX)
+    assert max(r.rows for r in records) == len(MIX)
+    tokenizer = heads_model.loaded.tokenizer
+    for request, alone, together in zip(MIX, solo, batched):
+        prompt = tokenizer(request.prompt)["input_ids"]
+        assert_equal_or_near_tie(heads_model, prompt, alone.token_ids, together.token_ids)
+        assert together.finish_reason == alone.finish_reason or together.token_ids != alone.token_ids
+    assert "\n" not in batched[2].text and "e" not in batched[2].text
+    if kind != "autoregressive":
+        assert any(r.tokens > r.rows for r in records), "no draft was verified in the batch"
+
+
+def test_batched_dspark_exact_equals_solo_greedy_autoregressive(heads_model):
+    """The lossless claim under batching: both drafters, batched, give plain greedy decoding's output."""
+    backends = _backends(heads_model)
+    reference = [backends["autoregressive"].complete(request) for request in MIX]
+    tokenizer = heads_model.loaded.tokenizer
+    for kind in ("heads", "published"):
+        batched, _ = complete_together(backends[kind], MIX)
+        for request, alone, together in zip(MIX, reference, batched):
+            prompt = tokenizer(request.prompt)["input_ids"]
+            assert_equal_or_near_tie(heads_model, prompt, alone.token_ids, together.token_ids)
+
+
+@pytest.mark.parametrize("kind", ["autoregressive", "heads", "published-fixed-block"])
+def test_seeded_sampling_is_the_same_whatever_shares_the_batch(heads_model, kind):
+    """Draw for draw, where a request's draft lengths do not depend on the batch. Under Algorithm 1 they do, by
+    design, so a scheduled request consumes its random stream differently: equal in distribution only."""
+    backends = _backends(heads_model)
+    if kind == "published-fixed-block":
+        backend = DSparkBackend(
+            None, drafter=backends["published"].drafter, default="dspark", loaded=heads_model.loaded
+        )
+    else:
+        backend = backends[kind]
+    seeded = GenerationRequest(prompt="def parse(", max_tokens=24, temperature=1.0, seed=7)
+    alone = backend.complete(seeded).token_ids
+    others = [GenerationRequest(prompt=p, max_tokens=30, temperature=0.9, seed=s) for s, p in enumerate("abc")]
+    with_others, _ = complete_together(backend, [*others, seeded])
+    with_different_others, _ = complete_together(backend, [seeded, *others[:1]])
+    assert with_others[-1].token_ids == alone == with_different_others[0].token_ids
+
+
+def test_a_cancelled_request_frees_its_place_at_once(heads_model):
+    """One place in the batch: a stream closed after its first chunk leaves, and the next request gets in."""
+    backend = AutoregressiveBackend(heads_model.loaded, BatchLimits(max_batch=1))
+    passes = []
+    hook = heads_model.loaded.model.base_model.register_forward_hook(lambda *_: passes.append(1))
+    try:
+        stream = backend.stream(GenerationRequest(prompt="def f(", max_tokens=400, temperature=0.0, stop=["\x00"]))
+        next(stream)
+        stream.close()
+        result = backend.complete(GenerationRequest(prompt="x", max_tokens=5, temperature=0.0))
+    finally:
+        hook.remove()
+    assert result.usage.completion_tokens == 5
+    assert len(passes) < 60, "the cancelled request kept decoding"
+    assert backend.engine.wait_idle(5) and backend.engine.kv.rows == 0
+
+
+def test_a_full_batch_queues_then_refuses_with_a_typed_error(heads_model):
+    backend = AutoregressiveBackend(heads_model.loaded, BatchLimits(max_batch=1, max_queue=1))
+    long = backend.stream(GenerationRequest(prompt="def f(", max_tokens=300, temperature=0.0, stop=["\x00"]))
+    next(long)
+    queued: list = []
+    waiter = threading.Thread(
+        target=lambda: queued.append(backend.complete(GenerationRequest(prompt="x", max_tokens=3)))
+    )
+    waiter.start()
+    deadline = time.monotonic() + 10
+    while backend.engine.depth < 2 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    with pytest.raises(QueueFullError) as refused:
+        backend.complete(GenerationRequest(prompt="y", max_tokens=3))
+    assert refused.value.status_code == 429 and refused.value.code == "queue_full"
+    long.close()
+    waiter.join(30)
+    assert queued and queued[0].usage.completion_tokens == 3
+    assert queued[0].stats.queue_s > 0
+
+
+def test_a_request_larger_than_the_kv_cache_is_refused_before_it_queues(heads_model):
+    backend = AutoregressiveBackend(heads_model.loaded, BatchLimits(max_kv_tokens=64))
+    with pytest.raises(Exception, match="KV cache") as refused:
+        backend.complete(GenerationRequest(prompt="x", max_tokens=100))
+    assert refused.value.param == "max_tokens"
+
+
+def test_the_verification_budget_shrinks_as_the_batch_grows():
+    """A cost curve flat to 16 tokens (memory-bound) and compute-bound past it: a lone request may verify its
+    whole block, a batch of 64 nothing, and in between every request gets fewer tokens as the batch grows."""
+    sps = SpsCurve({n: 100.0 * min(1.0, 16 / n) for n in range(1, 513)})
+    budgets = [draft_budget(sps, rows, 7) for rows in (1, 4, 8, 16, 64)]
+    assert budgets[0] == 7 and budgets[-1] == 0
+    assert budgets == sorted(budgets, reverse=True)
+    confident = [0.9**k for k in range(1, 8)]
+    per_request = [choose_lengths([confident] * rows, sps)[0] for rows in (1, 2, 4, 8, 16)]
+    assert per_request[0] == 7 and per_request[-1] == 0
+    assert per_request == sorted(per_request, reverse=True)
+    assert choose_lengths([confident], sps, rows=16) == [0]
+
+
+def test_the_batch_keeps_its_cache_compact(heads_model):
+    """Rejected drafts leave holes among other rows' slots; compaction keeps the cache near the longest row."""
+    backend = _backends(heads_model)["heads"]
+    requests = [GenerationRequest(prompt=p, max_tokens=80, temperature=0.0, stop=["\x00"]) for p in ("x", "def g(")]
+    records: list[StepRecord] = []
+    kv = backend.engine.kv
+    backend.engine.observers.append(lambda r: records.append((kv.slots, max(kv.lengths, default=0))))
+    complete_together(backend, requests)
+    assert records and all(slots <= longest + 32 + 4 for slots, longest in records)
+    assert torch.equal(kv.valid, torch.zeros((0, 0), dtype=torch.bool))

@@ -1,0 +1,33 @@
+"""``bench batching`` end to end on a tiny model with span heads: every contender's figures, the JSON, the plot."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from backends.dspark.heads import DSparkConfig, SpanHeads
+from backends.loading import load_model
+from backends.modelfactory import save_pretrained
+from benchmarks import batching
+
+
+def test_bench_batching_reports_every_contender_at_every_level(tiny_model_paths, tmp_path, capsys):
+    loaded = load_model(tiny_model_paths["llama"])
+    folder = save_pretrained(loaded.model, loaded.tokenizer, tmp_path / "model")
+    SpanHeads(DSparkConfig(num_heads=3, hidden_size=loaded.model.config.hidden_size)).save(folder)
+    parser = argparse.ArgumentParser()
+    batching.add_arguments(parser)
+    contenders = "batched,sequential,dspark_scheduled,dspark_fixed"
+    files = ["--json", str(tmp_path / "b.json"), "--plot", str(tmp_path / "b.png")]
+    small = ["--concurrency", "1,3", "--window", "0.4", "--per-set", "1", "--max-tokens", "8"]
+    args = parser.parse_args(["--model", str(folder), "--contenders", contenders, *small, *files])
+    assert batching.run(args) == 0
+    report = json.loads((tmp_path / "b.json").read_text())
+    assert report["drafter"] == "heads" and set(report["concurrency"]) == {"1", "3"}
+    for row in report["concurrency"].values():
+        for name in contenders.split(","):
+            assert row[f"{name}_tokens_per_s"] > 0 and row[f"{name}_requests"] > 0
+            assert f"{name}_errors" not in row
+    assert report["concurrency"]["3"]["sequential_p50_latency_s"] > 0
+    assert (tmp_path / "b.png").stat().st_size > 10_000
+    assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 80
