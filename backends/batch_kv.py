@@ -20,12 +20,96 @@ from __future__ import annotations
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
+from backends.errors import ModelLoadError
 from backends.loading import LoadedModel
 from backends.steps import ForwardOut
 
 COMPACT_SLACK = 32
 """Free slots per row tolerated before compaction: a gather of the whole cache, so not every step."""
+
+
+class SlotLayer(DynamicLayer):
+    """One layer's keys and values for the batch: views ``[:rows, :, :used]`` into buffers with room for more
+    rows and more slots. A step writes its new positions in place (a DynamicLayer would copy the whole cache
+    with ``torch.cat`` at every step), a newcomer is copied into the next free row, and a finished request's
+    row is overwritten by the last row: only one row ever moves."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.rows = self.used = 0
+        self._room: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        new = key_states.shape[-2]
+        self._reserve(self.rows, self.used + new, key_states)
+        keys, values = self._room
+        keys[: self.rows, :, self.used : self.used + new] = key_states
+        values[: self.rows, :, self.used : self.used + new] = value_states
+        self.used += new
+        return self._view()
+
+    def add_row(self, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """A newcomer's [1, heads, length, dim] cache as the next row; its slots past ``length`` are zeroed (they
+        are masked, but a stale NaN would still poison the softmax)."""
+        length = keys.shape[-2]
+        used = max(self.used, length)
+        self._reserve(self.rows + 1, used, keys)
+        room_keys, room_values = self._room
+        room_keys[self.rows, :, :used].zero_()
+        room_values[self.rows, :, :used].zero_()
+        room_keys[self.rows, :, :length] = keys[0]
+        room_values[self.rows, :, :length] = values[0]
+        self.rows, self.used = self.rows + 1, used
+        self._view()
+
+    def move_row(self, source: int, target: int) -> None:
+        for room in self._room:
+            room[target, :, : self.used] = room[source, :, : self.used]
+
+    def drop_last_row(self) -> None:
+        self.rows -= 1
+        self._view()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        self.used += tokens_to_remove  # negative: drop that many trailing slots
+        self._view()
+
+    def gather_slots(self, order: torch.Tensor) -> None:
+        """Row r keeps its slots ``order[r]``, packed to the left (compaction)."""
+        for room in self._room:
+            live = room[: self.rows, :, : self.used]
+            index = order[:, None, :, None].expand(-1, live.shape[1], -1, live.shape[3])
+            room[: self.rows, :, : order.shape[1]] = live.gather(2, index)
+        self.used = order.shape[1]
+        self._view()
+
+    def _reserve(self, rows: int, slots: int, like: torch.Tensor) -> None:
+        if self._room is not None and self._room[0].shape[0] >= rows and self._room[0].shape[2] >= slots:
+            return
+        have_rows, have_slots = (self._room[0].shape[0], self._room[0].shape[2]) if self._room else (0, 0)
+        shape = (max(rows, 2 * have_rows, 1), like.shape[1], max(slots, 2 * have_slots, 64), like.shape[3])
+        grown = (like.new_zeros(shape), like.new_zeros(shape))
+        if self._room is not None:
+            for old, room in zip(self._room, grown):
+                room[: self.rows, :, : self.used] = old[: self.rows, :, : self.used]
+        self._room = grown
+        self.device, self.dtype, self.is_initialized = like.device, like.dtype, True
+
+    def _view(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, values = self._room
+        self.keys, self.values = keys[: self.rows, :, : self.used], values[: self.rows, :, : self.used]
+        return self.keys, self.values
+
+
+def batch_cache(config) -> DynamicCache:
+    """A DynamicCache of :class:`SlotLayer`; the batch needs full attention in every layer (no sliding window)."""
+    cache = DynamicCache(config=config)
+    if not all(type(layer) is DynamicLayer for layer in cache.layers):
+        raise ModelLoadError("batched decoding needs a model with full attention in every layer", param="model")
+    cache.layers = [SlotLayer() for _ in cache.layers]
+    return cache
 
 
 class BatchedKV:
@@ -38,7 +122,7 @@ class BatchedKV:
         self.pad_id = loaded.tokenizer.pad_token_id or 0
         self.members: list[object] = []
         self.lengths: list[int] = []
-        self.cache = DynamicCache(config=self.config)
+        self.cache = batch_cache(self.config)
         self.valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
 
     @property
@@ -107,15 +191,17 @@ class BatchedKV:
         self._trim()
 
     def remove(self, member: object) -> None:
-        r = self._index(member)
-        del self.members[r], self.lengths[r]
-        if not self.members:
-            self.cache = DynamicCache(config=self.config)
-            self.valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
-            return
-        keep = torch.tensor([i for i in range(self.valid.shape[0]) if i != r], device=self.device)
-        self.cache.batch_select_indices(keep)
-        self.valid = self.valid[keep]
+        """The last row takes the leaving row's place: one row is copied, not the whole cache."""
+        r, last = self._index(member), self.rows - 1
+        if r != last:
+            for layer in self.cache.layers:
+                layer.move_row(last, r)
+            self.members[r], self.lengths[r] = self.members[last], self.lengths[last]
+            self.valid[r] = self.valid[last]
+        del self.members[last], self.lengths[last]
+        for layer in self.cache.layers:
+            layer.drop_last_row()
+        self.valid = self.valid[:last]
         self._trim()
         self.compact()
 
@@ -126,12 +212,9 @@ class BatchedKV:
             return
         order = torch.sort((~self.valid).to(torch.int8), dim=1, stable=True).indices[:, :longest]
         for layer in self.cache.layers:
-            index = order[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
-            layer.keys = layer.keys.gather(2, index)
-            layer.values = layer.values.gather(2, index)
-        self.valid = (
-            torch.arange(longest, device=self.device)[None, :] < torch.tensor(self.lengths, device=self.device)[:, None]
-        )
+            layer.gather_slots(order)
+        lengths = torch.tensor(self.lengths, device=self.device)
+        self.valid = torch.arange(longest, device=self.device)[None, :] < lengths[:, None]
 
     def _mask(self, real: torch.Tensor, width: int) -> torch.Tensor:
         """[rows, 1, width, slots + width] additive mask: a real query sees its row's valid slots and the real
@@ -144,16 +227,11 @@ class BatchedKV:
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
 
     def _join(self, member: object, cache: DynamicCache, length: int) -> None:
-        if not self.members:
-            self.cache = cache
-            self.valid = torch.ones((1, length), dtype=torch.bool, device=self.device)
-        else:
-            width = max(self.slots, length)
-            for layer, new in zip(self.cache.layers, cache.layers):
-                layer.keys = torch.cat([_pad_slots(layer.keys, width), _pad_slots(new.keys, width)])
-                layer.values = torch.cat([_pad_slots(layer.values, width), _pad_slots(new.values, width)])
-            row = torch.arange(width, device=self.device)[None, :] < length
-            self.valid = torch.cat([_pad_slots(self.valid, width), row])
+        for layer, new in zip(self.cache.layers, cache.layers):
+            layer.add_row(new.keys, new.values)
+        width = max(self.slots, length)
+        row = torch.arange(width, device=self.device)[None, :] < length
+        self.valid = torch.cat([_pad_slots(self.valid, width), row])
         self.members.append(member)
         self.lengths.append(length)
 
@@ -169,12 +247,7 @@ class BatchedKV:
         return next(i for i, m in enumerate(self.members) if m is member)
 
 
-def _pad_slots(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """Zero (or False) slots appended on the slot axis (dim 2 of keys and values, dim 1 of a mask) up to width."""
-    axis = 2 if tensor.dim() == 4 else 1
-    missing = width - tensor.shape[axis]
-    if missing == 0:
-        return tensor
-    shape = list(tensor.shape)
-    shape[axis] = missing
-    return torch.cat([tensor, tensor.new_zeros(shape)], dim=axis)
+def _pad_slots(valid: torch.Tensor, width: int) -> torch.Tensor:
+    """A [rows, slots] mask widened to ``width`` slots, the new ones invalid."""
+    missing = width - valid.shape[1]
+    return valid if missing == 0 else torch.cat([valid, valid.new_zeros((valid.shape[0], missing))], dim=1)

@@ -44,8 +44,9 @@ class LocalBackend(ABC):
     ) -> DecodeLoop:
         """The request's decode loop (grammar-valid when ``constraint`` is given), counting passes in ``stats``."""
 
-    def stream(self, request: GenerationRequest) -> Iterator[StreamChunk]:
-        """Grammar and prompt are built first, so a bad request is refused before it joins the batch."""
+    def stream(self, request: GenerationRequest, deltas: bool = True) -> Iterator[StreamChunk]:
+        """Grammar and prompt are built first, so a bad request is refused before it joins the batch. Without
+        ``deltas`` only the final chunk comes: no reader thread is woken at every step for text nobody reads."""
         loaded = self.loaded
         vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
         constraint = GrammarConstraint.from_request(request, loaded.tokenizer, vocab_size, loaded.eos_ids)
@@ -55,13 +56,14 @@ class LocalBackend(ABC):
             OutputTracker(loaded.tokenizer, request, loaded.eos_ids),
             constraint,
             make_generator(request, loaded.device),
+            deltas=deltas,
         )
         sequence.loop = self._decode(sequence.prompt, request, sequence.generator, sequence.stats, sequence.constraint)
         self.engine.submit(sequence)
         yield from sequence.read()
 
     def complete(self, request: GenerationRequest) -> GenerationResult:
-        *_, last = self.stream(request)
+        *_, last = self.stream(request, deltas=False)
         return last.result
 
     async def acomplete(self, request: GenerationRequest) -> GenerationResult:

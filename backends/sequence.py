@@ -28,8 +28,10 @@ class Sequence:
         tracker: OutputTracker,
         constraint: GrammarConstraint | None,
         generator: torch.Generator | None,
+        deltas: bool = True,
     ) -> None:
         self.request = request
+        self.deltas = deltas
         self.prompt = prompt
         self.tracker = tracker
         self.constraint = constraint
@@ -61,7 +63,7 @@ class Sequence:
         self.tracker.push(span)
         if self.constraint is not None and self.constraint.is_finished and not self.tracker.finished:
             self.tracker.finish("stop")
-        if not self.tracker.finished:
+        if self.deltas and not self.tracker.finished:
             delta = self.tracker.take_delta()
             if delta:
                 self._chunks.put(StreamChunk(delta=delta))

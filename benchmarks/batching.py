@@ -96,6 +96,22 @@ def closed_loop(complete: Complete, requests: list[GenerationRequest], clients: 
     }
 
 
+def fitting(loaded, requests: list[GenerationRequest]) -> tuple[list[GenerationRequest], int]:
+    """The requests whose prompt plus max_tokens fit the model's context (a refused request would end its
+    client's loop and leave the contender running below the concurrency it is measured at), and how many not."""
+    from backends.errors import InvalidRequestError
+    from backends.loading import prompt_ids
+
+    kept = []
+    for request in requests:
+        try:
+            prompt_ids(loaded, request)
+        except InvalidRequestError:
+            continue
+        kept.append(request)
+    return kept, len(requests) - len(kept)
+
+
 class LocalContenders:
     """The in-process contenders on one loaded model; each keeps the verification budgets its engine grants."""
 
@@ -183,6 +199,7 @@ def run_benchmark(
     threads: int,
 ) -> dict:
     local = LocalContenders(model, max(levels))
+    requests, dropped = fitting(local.backends["batched"].loaded, requests)
     report: dict = {
         "model": str(model),
         "drafter": local.drafter,
@@ -190,6 +207,7 @@ def run_benchmark(
         "max_tokens": requests[0].max_tokens,
         "threads": threads,
         "workload": len(requests),
+        "dropped_too_long": dropped,
         "concurrency": {},
     }
     serve = transformers_serve(model, threads) if "transformers_serve" in contenders else None
@@ -211,7 +229,7 @@ def run_benchmark(
                     row[f"{name}_errors"] = loop["errors"]
                 if name.startswith("dspark"):
                     budgets = local.budgets[name][before:]
-                    row[f"{name}_mean_verify_budget"] = round(statistics.mean(budgets), 3) if budgets else 0.0
+                    row[f"{name}_mean_verify_budget"] = round(statistics.mean(budgets), 3) if budgets else None
                 progress.step(task, status=f"C={level} {name}: {loop['tokens_per_s']:.0f} tok/s")
             report["concurrency"][str(level)] = row
     return report
@@ -245,10 +263,15 @@ def plot(report: dict, contenders: list[str], path: Path) -> None:
     left.set(xlabel="per-request tokens/s", ylabel="total tokens/s", title="throughput vs speed (labels: C)")
     left.legend(fontsize=8)
     for name in [n for n in contenders if n.startswith("dspark")]:
-        right.plot([int(c) for c in levels], [r[f"{name}_mean_verify_budget"] for r in rows], marker="o", label=name)
+        budgets = [r[f"{name}_mean_verify_budget"] for r in rows]
+        if any(b is not None for b in budgets):  # span heads keep their own thresholds: no budget to plot
+            right.plot([int(c) for c in levels], budgets, marker="o", label=name)
     right.set(xscale="log", xlabel="concurrent requests", ylabel="draft tokens verified per request per step")
     right.set_title("verification budget vs load")
-    right.legend(fontsize=8)
+    if right.lines:
+        right.legend(fontsize=8)
+    else:
+        right.text(0.5, 0.5, "no published drafter: nothing scheduled", ha="center", transform=right.transAxes)
     fig.suptitle(f"bench batching: {Path(report['model']).name}, drafter {report['drafter']}, greedy")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
