@@ -94,7 +94,7 @@ def test_timeout_falls_back(tmp_path, router_models):
     data = config_data(router_models, fallback={"dspark": "standard"})
     data["pools"]["dspark"]["timeout_s"] = 0.01
     with make_router(tmp_path, data) as router:
-        result = router.complete(messages=MESSAGES, max_tokens=300, model="dspark")
+        result = router.complete(messages=MESSAGES, max_tokens=300, temperature=0, model="dspark")
         assert result.decision.fell_back and result.decision.pool == "standard"
         assert "0.01s" in result.decision.reason
 
