@@ -40,7 +40,7 @@ bench: $(STAMP)
 MODEL_DIR := models/dspark-mini
 BASE := runs/dspark-mini-base
 BASE_ARGS := --mode scratch --output $(BASE) --batch-size 8 --seq-len 1024 --context 1024 --vocab-size 2048 \
-	--hidden 256 --layers 4 --lr 2.5e-3 --chat-examples 40000 --checkpoint-every 100
+	--hidden 256 --layers 4 --lr 1e-3 --warmup 200 --chat-examples 40000 --checkpoint-every 100
 model: $(STAMP)
 	$(BIN)/dspark-router train $(BASE_ARGS) --steps 1300 --stop-at 900 --mix 0.6,0,0.25,0.15
 	$(BIN)/dspark-router train $(BASE_ARGS) --steps 1900 --mix 0.5,0.25,0.15,0.1 --tokenizer $(BASE)/checkpoint
