@@ -21,11 +21,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -37,7 +33,7 @@ import torch
 from backends.progress import JobProgress
 from backends.types import GenerationRequest
 from benchmarks.decode_sets import held_out_sets, shared_sets
-from benchmarks.local_redis import free_port
+from benchmarks.local_serve import transformers_serve
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
 CONCURRENCY = (1, 4, 16, 64)
@@ -152,42 +148,21 @@ class LocalContenders:
 
 
 @contextmanager
-def transformers_serve(model: Path, threads: int) -> Iterator[Complete]:
-    """``transformers serve --continuous-batching`` on a free loopback port, asked through the openai SDK."""
-    import httpx
+def transformers_serve_contender(model: Path, threads: int) -> Iterator[Complete]:
+    """``transformers serve --continuous-batching`` on the same model, asked through the openai SDK."""
     import openai
 
-    binary = Path(sys.executable).with_name("transformers")
-    port = free_port()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
-    command = [str(binary), "serve", "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), str(model)]
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
-        try:
-            deadline = time.monotonic() + 180
-            while True:
-                try:
-                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log.seek(0)
-                    raise RuntimeError(f"transformers serve did not start: {log.read()[-1500:]}")
-                time.sleep(0.25)
-            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+    with transformers_serve(model, threads) as (_, api_base):
+        client = openai.OpenAI(base_url=api_base, api_key="none", max_retries=0, timeout=300)
 
-            def complete(request: GenerationRequest) -> int:
-                messages = [{"role": m.role, "content": m.content} for m in request.messages]
-                answer = client.chat.completions.create(
-                    model=str(model), messages=messages, max_tokens=request.max_tokens, temperature=0
-                )
-                return answer.usage.completion_tokens
+        def complete(request: GenerationRequest) -> int:
+            messages = [{"role": m.role, "content": m.content} for m in request.messages]
+            answer = client.chat.completions.create(
+                model=str(model), messages=messages, max_tokens=request.max_tokens, temperature=0
+            )
+            return answer.usage.completion_tokens
 
-            yield complete
-        finally:
-            process.kill()
-            process.wait(timeout=30)
+        yield complete
 
 
 def run_benchmark(
@@ -210,7 +185,7 @@ def run_benchmark(
         "dropped_too_long": dropped,
         "concurrency": {},
     }
-    serve = transformers_serve(model, threads) if "transformers_serve" in contenders else None
+    serve = transformers_serve_contender(model, threads) if "transformers_serve" in contenders else None
     with JobProgress(log_every=1) as progress, serve or nullcontext() as served:
         task = progress.add_job("bench batching", total=len(levels) * len(contenders))
         for name in contenders:  # one unmeasured request each: loads, profiles and warms every path

@@ -5,46 +5,23 @@ tokens stream through, and when the engine is killed the pool cools down and its
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import httpx
 import pytest
 
+from benchmarks.local_serve import transformers_serve
 from router import Router
-from tests.test_router_support import config_data, free_port, router_models, write_config  # noqa: F401
+from tests.test_router_support import config_data, router_models, write_config  # noqa: F401
 
 MESSAGES = [{"role": "user", "content": "def parse(value):"}]
 
 
 @pytest.fixture
-def engine(router_models, tmp_path):
+def engine(router_models):
     """``transformers serve`` on the tiny model, on a free port; yields (process, api_base)."""
-    binary = Path(sys.executable).with_name("transformers")
-    assert binary.exists(), "transformers' console script is missing from the test environment"
-    port = free_port()
-    log = (tmp_path / "engine.log").open("w")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    command = [str(binary), "serve", "--continuous-batching", "--host", "127.0.0.1", "--port", str(port)]
-    process = subprocess.Popen([*command, str(router_models["standard"])], stdout=log, stderr=log, env=env)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "engine.log").read_text()[-2000:]
-        time.sleep(0.2)
-    yield process, f"{base}/v1"
-    if process.poll() is None:
-        process.kill()
-    process.wait(timeout=10)
+    with transformers_serve(router_models["standard"], threads=1, start_timeout_s=120) as served:
+        yield served
 
 
 def test_remote_engine_streams_then_cools_down_to_the_fallback_when_killed(tmp_path, router_models, engine):

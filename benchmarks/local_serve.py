@@ -1,0 +1,53 @@
+"""``transformers serve --continuous-batching`` on a free loopback port: the remote engine of the tests and the
+contender of ``bench batching``, started one way for both."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+from benchmarks.local_redis import free_port
+
+
+@contextmanager
+def transformers_serve(
+    model: Path, threads: int, start_timeout_s: float = 180.0
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """(process, api_base) once the engine answers ``/health``; the process is killed afterwards (a caller may
+    kill it sooner). It runs offline, with ``threads`` OpenMP threads."""
+    binary = Path(sys.executable).with_name("transformers")
+    if not binary.exists():
+        raise RuntimeError(f"transformers' console script is missing beside {sys.executable}")
+    port = free_port()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": str(threads)}
+    command = [str(binary), "serve", "--continuous-batching", "--host", "127.0.0.1", "--port", str(port), str(model)]
+    base = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=log, env=env)
+        try:
+            deadline = time.monotonic() + start_timeout_s
+            while not _healthy(base):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"transformers serve did not start: {log.read()[-2000:]}")
+                time.sleep(0.2)
+            yield process, f"{base}/v1"
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
