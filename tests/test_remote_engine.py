@@ -37,7 +37,7 @@ def test_remote_engine_streams_then_cools_down_to_the_fallback_when_killed(tmp_p
     }
     with Router.from_config(write_config(tmp_path / "router.yaml", data)) as router:
         answer = router.complete(messages=MESSAGES, max_tokens=16, temperature=0, model="remote")
-        assert (answer.decision.pool, answer.usage.completion_tokens) == ("remote", 16)
+        assert (answer.decision.pool, answer.usage.completion_tokens) == ("remote", 16), answer.decision.reason
         chunks = list(router.stream(messages=MESSAGES, max_tokens=16, temperature=0, model="remote"))
         deltas = [c.delta for c in chunks if c.delta]
         assert len(deltas) > 1 and "".join(deltas) == chunks[-1].result.text  # streamed through, token by token
