@@ -33,26 +33,41 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/dspark-router bench decode --json bench-results/decode.json
 
-# dspark-mini: base and heads jointly from scratch in two stages (subtasks, code and prose; then with copy drills
-# added, resumed on the same schedule), then fresh heads on the base model's own greedy continuations
-# (self-distillation), thresholds tuned by measured speed; and a small draft model on the same tokenizer for
-# the transformers assisted-generation contender of `bench decode`.
+# dspark-mini, base first, in four stages of one schedule (3,600 steps, each stage resuming the last):
+# synthetic copy rows of 32 then 256 tokens, where the copying circuit forms in a few hundred steps; then text
+# (subtasks, copy drills, code, prose) with some copy rows kept, in rows of 512 then 1,024 tokens. Then span
+# heads trained afresh on the base model's own greedy continuations (self-distillation), thresholds tuned by
+# measured speed, a small draft model on the same tokenizer (the assisted-generation contender of `bench
+# decode`), the published drafter, and the classifier's measurements and calibration on the new model.
 MODEL_DIR := models/dspark-mini
 BASE := runs/dspark-mini-base
-BASE_ARGS := --mode scratch --output $(BASE) --batch-size 8 --seq-len 1024 --context 1024 --vocab-size 2048 \
-	--hidden 256 --layers 4 --lr 1e-3 --warmup 200 --chat-examples 40000 --checkpoint-every 100
+BASE_ARGS := --mode scratch --output $(BASE) --num-heads 0 --context 1024 --vocab-size 2048 --hidden 192 \
+	--layers 4 --lr 1e-3 --warmup 100 --chat-examples 40000 --checkpoint-every 100 --steps 3600
+DRILL_MIX := --mix 0.35,0.4,0.15,0.1
+RESUME := --tokenizer $(BASE)/checkpoint
 model: $(STAMP)
-	$(BIN)/dspark-router train $(BASE_ARGS) --steps 1300 --stop-at 900 --mix 0.6,0,0.25,0.15
-	$(BIN)/dspark-router train $(BASE_ARGS) --steps 1900 --mix 0.5,0.25,0.15,0.1 --tokenizer $(BASE)/checkpoint
+	$(BIN)/dspark-router train $(BASE_ARGS) $(DRILL_MIX) --batch-size 64 --seq-len 32 --induction-rows 1 --stop-at 700
+	$(BIN)/dspark-router train $(BASE_ARGS) $(DRILL_MIX) $(RESUME) --batch-size 8 --seq-len 256 --induction-rows 1 \
+		--stop-at 1000
+	$(BIN)/dspark-router train $(BASE_ARGS) $(DRILL_MIX) $(RESUME) --batch-size 8 --seq-len 512 --induction-rows 0.25 \
+		--stop-at 2200
+	$(BIN)/dspark-router train $(BASE_ARGS) --mix 0.5,0.25,0.15,0.1 $(RESUME) --batch-size 8 --seq-len 1024 \
+		--induction-rows 0.125
 	$(BIN)/dspark-router train --mode heads --model $(BASE) --output $(MODEL_DIR) --steps 500 \
 		--batch-size 16 --lr 2e-3 --self-distill 2000 --distill-tokens 96
 	rm -rf $(MODEL_DIR)/checkpoint
+	cp $(BASE)/train_report_scratch.json $(MODEL_DIR)/
 	$(BIN)/dspark-router train --mode heads --model $(MODEL_DIR) --output $(MODEL_DIR) --steps 700 \
 		--batch-size 16 --lr 1e-3 --warmup 20 --self-distill 2000 --distill-tokens 96 --seed 1
 	$(BIN)/dspark-router tune --model $(MODEL_DIR) --write
 	$(BIN)/dspark-router train --mode scratch --output $(MODEL_DIR)-draft --tokenizer $(MODEL_DIR) --steps 500 \
 		--batch-size 12 --seq-len 256 --hidden 96 --layers 2 --num-heads 1 --lr 3e-3 --chat-examples 20000
-	rm -rf $(MODEL_DIR)/checkpoint $(MODEL_DIR)-draft/checkpoint
+	$(BIN)/dspark-router train --drafter dspark --model $(MODEL_DIR) --output $(MODEL_DIR)/dspark_drafter \
+		--steps 2000 --self-distill 2000
+	$(BIN)/python -m backends.dspark.profile $(MODEL_DIR)
+	$(BIN)/dspark-router calibrate --model $(MODEL_DIR) --max-tokens 96
+	rm -rf $(MODEL_DIR)/checkpoint $(MODEL_DIR)-draft/checkpoint $(MODEL_DIR)/dspark_drafter/checkpoint \
+		$(MODEL_DIR)/dspark_drafter/distillation.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -93,6 +93,7 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mix", default="0.5,0.25,0.15,0.1", help="corpus shares by characters: chat,drills,code,prose (drills: copy)"
     )
+    p.add_argument("--induction-rows", type=float, default=0.0, help="share of each batch that is synthetic copy rows")
     p.add_argument("--stop-at", type=int, help="leave after this step, checkpointed (a curriculum's first stage)")
     p.add_argument("--checkpoint-every", type=int, default=200)
     p.add_argument("--block-size", type=int, default=7, help="dspark drafter: draft tokens per block (gamma)")
@@ -140,6 +141,7 @@ def _train(args: argparse.Namespace) -> int:
         attention_heads=args.attention_heads,
         context=args.context,
         mix=Mix(*(float(share) for share in args.mix.split(","))),
+        induction_rows=args.induction_rows,
         stop_at=args.stop_at,
     )
     report = run(config, chat_examples=args.chat_examples)
