@@ -62,7 +62,7 @@ class SpanHeads(nn.Module):
 
     def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         """Logits of shape [num_heads, *hidden.shape[:-1], vocab]: head k predicts the token k+2 ahead."""
-        bias = self.bias.view(self.config.num_heads, *[1] * (hidden.dim() - 1), -1)
+        bias = self.bias.view(self.config.num_heads, *[1] * (hidden.dim() - 1), self.config.hidden_size)
         shift = torch.einsum("...d,hed->h...e", hidden, self.weight) + bias
         return lm_head(hidden.unsqueeze(0) + F.silu(shift))
 
