@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test lint bench model clean
+.PHONY: install demo test lint bench model model-base clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,7 @@ BASE_ARGS := --mode scratch --output $(BASE) --num-heads 0 --context 1024 --voca
 	--layers 4 --lr 1e-3 --warmup 100 --chat-examples 40000 --checkpoint-every 100 --steps 3600
 DRILL_MIX := --mix 0.35,0.4,0.15,0.1
 RESUME := --tokenizer $(BASE)/checkpoint
-model: $(STAMP)
+model-base: $(STAMP)
 	$(BIN)/dspark-router train $(BASE_ARGS) $(DRILL_MIX) --batch-size 64 --seq-len 32 --induction-rows 1 --stop-at 700
 	$(BIN)/dspark-router train $(BASE_ARGS) $(DRILL_MIX) $(RESUME) --batch-size 8 --seq-len 256 --induction-rows 1 \
 		--stop-at 1000
@@ -53,6 +53,8 @@ model: $(STAMP)
 		--stop-at 2200
 	$(BIN)/dspark-router train $(BASE_ARGS) --mix 0.5,0.25,0.15,0.1 $(RESUME) --batch-size 8 --seq-len 1024 \
 		--induction-rows 0.125
+
+model: model-base
 	$(BIN)/dspark-router train --mode heads --model $(BASE) --output $(MODEL_DIR) --steps 500 \
 		--batch-size 16 --lr 2e-3 --self-distill 2000 --distill-tokens 96
 	rm -rf $(MODEL_DIR)/checkpoint

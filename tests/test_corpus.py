@@ -5,10 +5,14 @@ from __future__ import annotations
 import itertools
 import json
 
+import jsonschema
+
 from backends.dspark.corpus import (
     CHUNK_CHARS,
+    OPENING_CHARS,
     build_corpus,
     build_corpus_parts,
+    chat_openings,
     corpus_manifest,
     iter_chat_prompts,
     render_chat,
@@ -85,16 +89,36 @@ def test_default_mix_sizes_drills_code_and_prose_from_the_chat_part() -> None:
 def test_copy_drills_answer_with_values_found_only_in_their_prompt() -> None:
     """Every drill's answer is made of values its own prompt spells out, and the values are not a small
     list a model could learn: across 400 drills almost no value repeats."""
-    drills = list(itertools.islice(iter_copy_drills(seed=3), 400))
-    assert drills == list(itertools.islice(iter_copy_drills(seed=3), 400))
+    drills = list(itertools.islice(iter_copy_drills(seed=3), 500))
+    assert drills == list(itertools.islice(iter_copy_drills(seed=3), 500))
     values = []
     for messages, answer in drills:
+        if messages[0]["content"].startswith("Reply with JSON"):
+            continue  # schema drills, below
         prompt = messages[-1]["content"]
         parsed = json.loads(answer) if answer.startswith("{") else {"value": answer}
         found = parsed.get("arguments", parsed)
         assert all(str(value) in prompt for value in found.values()), (prompt, answer)
         values += [str(v) for v in found.values()]
     assert len(set(values)) > 0.9 * len(values)
+
+
+def test_schema_drills_answer_with_short_instances_of_their_schema() -> None:
+    """Schema drills teach closing an answer on schemas unlike the templates: each answer is an instance of
+    the schema its note spells out (or, for a schema too long to spell out, uses only the keys it names)."""
+    drills = itertools.islice(iter_copy_drills(seed=5), 2000)
+    schema_drills = [(m[0]["content"], a) for m, a in drills if m[0]["content"].startswith("Reply with JSON")]
+    assert len(schema_drills) == 400
+    spelled = 0
+    for note, answer in schema_drills:
+        instance = json.loads(answer)
+        if note.startswith("Reply with JSON matching this schema: "):
+            jsonschema.validate(instance, json.loads(note.removeprefix("Reply with JSON matching this schema: ")))
+            spelled += 1
+        else:
+            assert set(instance) <= set(note.removeprefix("Reply with JSON with the keys: ").split(", "))
+        assert len(answer) < 600
+    assert spelled > 0.8 * len(schema_drills)
 
 
 def test_manifest_names_sources_and_licences() -> None:
@@ -112,3 +136,14 @@ def test_manifest_names_sources_and_licences() -> None:
     assert manifest["chars"] == sum(source["chars"] for source in manifest["sources"])
     assert manifest["documents"] == 26 + names["copy-drills"]["documents"]
     json.dumps(manifest)  # ready for the model card
+
+
+def test_chat_openings_are_user_requests_about_unseen_code_and_prose() -> None:
+    """Self-distillation prompts shaped like real requests: one user turn, no system message, each opening a
+    different chunk of standard-library code or docstrings, reproducible from the seed."""
+    prompts = chat_openings(30, seed=2)
+    assert prompts == chat_openings(30, seed=2) and len(set(prompts)) == 30
+    for prompt in prompts:
+        assert prompt.startswith(f"{IM_START}user\n") and prompt.endswith(f"{IM_START}assistant\n")
+        assert prompt.count(IM_START) == 2 and len(prompt) < OPENING_CHARS + 200
+    assert sum("```python" in p or "code do?" in p for p in prompts) >= 10

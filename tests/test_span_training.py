@@ -37,6 +37,14 @@ def test_rows_hold_whole_documents_and_train_only_on_answers(tiny_tokenizer):
     assert sum(int((labels == IGNORE).sum()) for _, labels in rows) >= prompt_tokens
 
 
+def test_a_document_whose_prompt_fills_a_row_is_left_out(tiny_tokenizer):
+    """Such a row would have no label: a batch of them gave a NaN loss that poisoned the weights."""
+    docs = build_corpus(12, seed=0, code_chunks=0, prose_chunks=0)
+    shortest = min(len(tiny_tokenizer.encode(split_chat_document(d)[0], add_special_tokens=False)) for d in docs)
+    rows = pack_documents(docs, tiny_tokenizer, shortest + 1, tiny_tokenizer.pad_token_id)
+    assert rows and all(bool((labels != IGNORE).any()) for _, labels in rows)
+
+
 def test_induction_rows_label_only_tokens_a_copy_can_predict(tiny_tokenizer):
     token_ids = torch.arange(3, 400)
     ids, labels = induction_row(256, token_ids, torch.Generator().manual_seed(0))

@@ -227,6 +227,37 @@ def _take(chunks: Iterable[tuple[str, str]], count: int | None, budget: float) -
     return docs, sorted(used)
 
 
+# --- chat requests about code and prose, for self-distillation -------------------------------------------------
+
+_OPEN_ASKS = {
+    "code": (
+        "Complete this code:\n```python\n{}\n```",
+        "What does this code do?\n{}",
+        "Write a solution in the style of this code:\n```python\n{}\n```",
+        "{}",
+    ),
+    "prose": ("Summarise:\n{}", "Explain in simple words: {}", "Write more about this:\n{}", "{}"),
+}
+OPENING_CHARS = 600
+
+
+def chat_openings(count: int, seed: int) -> list[str]:
+    """Rendered chat prompts whose user message is the opening of a standard-library code or docstring chunk.
+
+    The subtasks teach a drafter the templates; real requests ask about code and text it has never seen, in a
+    user turn with no system message. These prompts are such requests, so self-distilled drafters learn how the
+    model continues them (never the evaluation prompts of ``../shared/data/prompts``)."""
+    rng = random.Random(f"openings:{seed}")
+    sources = {name: _stdlib_chunks(name, f"{seed}:openings:{name}") for name in _OPEN_ASKS}
+    prompts = []
+    for i in range(count):
+        source = "code" if i % 3 else "prose"
+        chunk = next(chunk for _, chunk in sources[source] if rng.random() < 0.25)  # a few chunks of each file
+        ask = rng.choice(_OPEN_ASKS[source])
+        prompts.append(render_prompt([{"role": "user", "content": ask.format(chunk[:OPENING_CHARS])}]))
+    return prompts
+
+
 # --- the corpus -----------------------------------------------------------------------------------------------
 
 

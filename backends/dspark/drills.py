@@ -6,6 +6,12 @@ answers in the right shape with another sentence's values. Drills use values dra
 to learn (invented words, codes, numbers, dates of 40 years), in the same shapes the subtasks ask for (JSON
 fields, a value looked up by its key, tool-call arguments, text repeated exactly), so the only way to predict
 an answer is to find the value in the prompt and copy it: the induction behaviour the subtasks need.
+
+A model that has learnt to copy also copies its own last tokens when nothing in the prompt tells it what to
+write: asked for an instance of an unfamiliar JSON schema under a grammar, it wrote numbers and lists that
+never closed (`13E-1151515...`, `[385, 385, 385, ...`). Schema drills are the counterweight: random schemas in
+the note every structured request carries (:func:`backends.prompting.prompt_messages`), each answered by one
+short instance that copies the schema's keys and listed values and closes every number, string and list.
 """
 
 from __future__ import annotations
@@ -14,6 +20,9 @@ import itertools
 import json
 import random
 from collections.abc import Callable, Iterator
+from typing import Any
+
+from backends.prompting import format_instructions
 
 _ONSETS = ("b", "br", "c", "ch", "d", "dr", "f", "g", "gr", "h", "j", "k", "kl", "l", "m", "n", "p", "pr", "r")
 _ONSETS += ("s", "sh", "st", "t", "tr", "v", "w", "z")
@@ -29,6 +38,9 @@ _SYSTEM = {
     "tool": "You are an agent that calls tools.",
     "repeat": "You rewrite text exactly as instructed.",
 }
+_ASK_EXAMPLE = ("Give one JSON example of {}", "Write a JSON {} object.", "Fill in {} as JSON.", "{}")
+_FORMATS = {"date": "2031-04-09", "date-time": "2031-04-09T10:30:00Z", "email": "ana@example.com"}
+_FORMATS |= {"uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000"}
 
 
 def _word(rng: random.Random) -> str:
@@ -101,17 +113,69 @@ def _repeat_drill(rng: random.Random) -> tuple[str, str, str]:
     return "repeat", f"Repeat exactly: {text}", text
 
 
+def _schema_and_instance(rng: random.Random, depth: int) -> tuple[dict[str, Any], Any]:
+    """A random subschema of the shapes real schemas use most, and one short value it admits."""
+    roll = rng.random()
+    if depth < 2 and roll < 0.15:
+        return _object_schema(rng, depth + 1)
+    if depth < 2 and roll < 0.3:
+        items, value = _schema_and_instance(rng, depth + 1)
+        return {"type": "array", "items": items}, [value] if rng.random() < 0.7 else []
+    if roll < 0.45:
+        values = [_word(rng) for _ in range(rng.randint(2, 4))]
+        return {"type": "string", "enum": values}, rng.choice(values)
+    if roll < 0.6:
+        low = rng.choice((0, 1, 0, -10))
+        schema = {"type": "integer"} | ({"minimum": low} if rng.random() < 0.4 else {})
+        return schema, rng.choice((low + 1, rng.randint(max(low, 0), 100), rng.randint(1, 2024)))
+    if roll < 0.68:
+        return {"type": "number"}, rng.choice((round(rng.uniform(0, 100), rng.randint(1, 2)), rng.randint(0, 50)))
+    if roll < 0.76:
+        return {"type": "boolean"}, rng.random() < 0.5
+    if roll < 0.84:
+        name = rng.choice(list(_FORMATS))
+        return {"type": "string", "format": name}, _FORMATS[name]
+    if roll < 0.87:
+        return {"type": "null"}, None
+    return {"type": "string"}, str(_value(rng, rng.choice(KEYS)))
+
+
+def _object_schema(rng: random.Random, depth: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    keys = list(dict.fromkeys(rng.sample(KEYS, rng.randint(1, 4)) + [_word(rng) for _ in range(rng.randint(0, 1))]))
+    properties, instance = {}, {}
+    for key in keys:
+        properties[key], instance[key] = _schema_and_instance(rng, depth)
+    required = [key for key in keys if rng.random() < 0.6]
+    schema: dict[str, Any] = {"type": "object", "properties": properties}
+    if required:
+        schema["required"] = required
+    if rng.random() < 0.4:
+        schema["additionalProperties"] = False
+    present = {key: value for key, value in instance.items() if key in required or rng.random() < 0.7}
+    return schema, present
+
+
+def _schema_drill(rng: random.Random) -> tuple[str, str, str]:
+    schema, instance = _object_schema(rng, 0)
+    if rng.random() < 0.3:
+        schema = {"title": _word(rng).title()} | schema
+    name = f"{_word(rng)} {rng.choice(_OBJECTS)}"
+    system = format_instructions({"type": "json_schema", "json_schema": {"schema": schema}}, None)
+    return system, rng.choice(_ASK_EXAMPLE).format(name), json.dumps(instance)
+
+
 DRILLS: tuple[Callable[[random.Random], tuple[str, str, str]], ...] = (
     _json_drill,
     _lookup_drill,
     _tool_drill,
     _repeat_drill,
+    _schema_drill,
 )
 
 
 def iter_copy_drills(seed: int) -> Iterator[tuple[list[dict[str, str]], str]]:
-    """(messages, answer) pairs, the four drills in turn, forever, reproducible from ``seed``."""
+    """(messages, answer) pairs, the drills in turn, forever, reproducible from ``seed``."""
     rng = random.Random(f"drills:{seed}")
     for i in itertools.count():
         system, user, answer = DRILLS[i % len(DRILLS)](rng)
-        yield [{"role": "system", "content": _SYSTEM[system]}, {"role": "user", "content": user}], answer
+        yield [{"role": "system", "content": _SYSTEM.get(system, system)}, {"role": "user", "content": user}], answer

@@ -16,6 +16,7 @@ import random
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
+from itertools import islice
 from pathlib import Path
 from typing import Literal
 
@@ -23,7 +24,16 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoTokenizer
 
-from backends.dspark.corpus import DEFAULT_MIX, Mix, build_corpus, iter_chat_prompts, split_chat_document
+from backends.dspark.corpus import (
+    DEFAULT_MIX,
+    Mix,
+    build_corpus,
+    chat_openings,
+    iter_chat_prompts,
+    render_prompt,
+    split_chat_document,
+)
+from backends.dspark.drills import iter_copy_drills
 from backends.dspark.heads import CONFIG_FILE, DSparkConfig
 from backends.dspark.model import DSparkModel
 from backends.loading import LoadedModel, load_model
@@ -105,7 +115,8 @@ def pack_documents(
     opens the next row; a longer one is cut), so every answer is trained with its whole prompt in view.
 
     A chat document's prompt is tokenized on its own and left out of the loss: it is what serving tokenizes
-    before generating, and its values (names, dates, code) are draws the model must copy, not predict."""
+    before generating, and its values (names, dates, code) are draws the model must copy, not predict. A
+    document whose prompt alone fills a row is left out."""
     rows: list[tuple[torch.Tensor, torch.Tensor]] = []
     ids: list[int] = []
     labels: list[int] = []
@@ -121,6 +132,8 @@ def pack_documents(
         prompt, answer = split_chat_document(doc)
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=False) if prompt else []
         answer_ids = tokenizer.encode(answer, add_special_tokens=False)
+        if len(prompt_ids) >= seq_len:
+            continue  # nothing of its answer would be trained, and a batch of such rows has no loss at all
         doc_ids = (prompt_ids + answer_ids)[:seq_len]
         doc_labels = ([IGNORE] * len(prompt_ids) + answer_ids)[:seq_len]
         if len(ids) + len(doc_ids) > seq_len:
@@ -362,13 +375,19 @@ def model_for(config: TrainConfig, texts: Sequence[str]) -> DSparkModel:
 
 
 def distillation_prompts(tokenizer, count: int, seed: int) -> list[list[int]]:
-    """Chat subtasks (what the DSpark pool serves) plus code and prose openings from the corpus."""
-    chats = [tokenizer.encode(ex.prompt, add_special_tokens=False) for ex in iter_chat_prompts(count, seed=seed + 1)]
+    """Chat subtasks (what the DSpark pool serves), copy and schema drills, chat requests about unseen code and
+    prose, and bare code and prose openings from the corpus: ``count`` subtasks and about 0.8x that of the rest."""
+
+    def encode(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    chats = [encode(ex.prompt) for ex in iter_chat_prompts(count, seed=seed + 1)]
+    drills = [encode(render_prompt(messages)) for messages, _ in islice(iter_copy_drills(seed + 1), count // 8)]
+    requests = [encode(prompt) for prompt in chat_openings(count // 4, seed + 1)]
     openings = [
-        tokenizer.encode(doc, add_special_tokens=False)[:48]
-        for doc in build_corpus(0, seed=seed + 1, code_chunks=count // 4, prose_chunks=count // 8)
+        encode(doc)[:48] for doc in build_corpus(0, seed=seed + 1, code_chunks=count // 4, prose_chunks=count // 8)
     ]
-    return chats + [o for o in openings if len(o) >= 8]
+    return chats + drills + requests + [o for o in openings if len(o) >= 8]
 
 
 def run(config: TrainConfig, chat_examples: int = 20_000) -> TrainReport:
