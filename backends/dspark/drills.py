@@ -39,8 +39,13 @@ _SYSTEM = {
     "repeat": "You rewrite text exactly as instructed.",
 }
 _ASK_EXAMPLE = ("Give one JSON example of {}", "Write a JSON {} object.", "Fill in {} as JSON.", "{}")
-_FORMATS = {"date": "2031-04-09", "date-time": "2031-04-09T10:30:00Z", "email": "ana@example.com"}
-_FORMATS |= {"uri": "https://example.com/a", "uuid": "123e4567-e89b-12d3-a456-426614174000"}
+_FORMATS: dict[str, Callable[[random.Random], str]] = {
+    "date": lambda rng: str(_value(rng, "date")),
+    "date-time": lambda rng: f"{_value(rng, 'date')}T{_value(rng, 'time')}:00Z",
+    "email": lambda rng: str(_value(rng, "email")),
+    "uri": lambda rng: f"https://{_word(rng)}.{rng.choice(('com', 'org', 'io'))}/{_word(rng)}",
+    "uuid": lambda rng: "-".join(f"{rng.getrandbits(4 * n):0{n}x}" for n in (8, 4, 4, 4, 12)),
+}
 
 
 def _word(rng: random.Random) -> str:
@@ -134,7 +139,7 @@ def _schema_and_instance(rng: random.Random, depth: int) -> tuple[dict[str, Any]
         return {"type": "boolean"}, rng.random() < 0.5
     if roll < 0.84:
         name = rng.choice(list(_FORMATS))
-        return {"type": "string", "format": name}, _FORMATS[name]
+        return {"type": "string", "format": name}, _FORMATS[name](rng)
     if roll < 0.87:
         return {"type": "null"}, None
     return {"type": "string"}, str(_value(rng, rng.choice(KEYS)))
