@@ -10,8 +10,11 @@ whether the row may attend to it. That makes every per-request operation cheap a
   earlier new tokens; padding queries see only themselves and their slots are never valid;
 - a rejected draft (``rewind``) is masked out, not cut, since its slots sit between other rows' columns;
   ``compact`` packs each row's valid slots to the left once enough holes have built up;
-- a newcomer is prefilled alone (one prompt never pads the batch) and joins as a new row; a finished request
-  leaves by dropping its row.
+- newcomers are prefilled in a forward of their own (a prompt never pads the running batch), several at once
+  right-padded to the longest, which needs no mask: causal attention already keeps every real position from
+  the padding after it. Each joins as a new row; a finished request leaves by dropping its row. (A prompt chunk
+  riding along in the decode step would pad every running row to the chunk's width: 6 to 10 times the cost
+  per prompt token, measured at 16 rows.)
 
 A batch of one with no holes runs without a mask or position ids, exactly the solo forward of before.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
+from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from backends.errors import ModelLoadError
 from backends.loading import LoadedModel
@@ -136,25 +140,22 @@ class BatchedKV:
     def __contains__(self, member: object) -> bool:
         return any(m is member for m in self.members)
 
-    def prefill(self, member: object, tokens: list[int], hidden_states: bool = False) -> ForwardOut:
-        """The prompt of a newcomer, run alone into a cache of its own, which then joins the batch as a row."""
+    def prefill(self, members: list[object], prompts: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
+        """Newcomers' prompts, right-padded into one forward with a cache of their own; each then joins the batch
+        as a row. One prompt alone is exactly the solo prefill."""
+        counts = [len(tokens) for tokens in prompts]
+        ids, real = self._padded(prompts, counts)
         cache = DynamicCache(config=self.config)
-        ids = torch.tensor([tokens], dtype=torch.long, device=self.device)
         out = self.base(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=hidden_states)
-        self._join(member, cache, len(tokens))
-        hidden = out.last_hidden_state[0]
-        states = tuple(out.hidden_states) if hidden_states else None
-        return ForwardOut(hidden, self.lm_head(hidden), states)
+        for row, (member, length) in enumerate(zip(members, counts)):
+            self._join(member, cache, row, length)
+        return self._outputs(out, real, counts, hidden_states)
 
     def step(self, inputs: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
         """One forward pass over every row, row r fed ``inputs[r]`` (at least one token each)."""
         counts = [len(tokens) for tokens in inputs]
-        width = max(counts)
-        ids = torch.full((self.rows, width), self.pad_id, dtype=torch.long)
-        for r, tokens in enumerate(inputs):
-            ids[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        ids = ids.to(self.device)
-        real = torch.arange(width, device=self.device)[None, :] < torch.tensor(counts, device=self.device)[:, None]
+        ids, real = self._padded(inputs, counts)
+        width = ids.shape[1]
         if self.rows == 1 and bool(self.valid.all()):
             mask = positions = None
         else:
@@ -172,13 +173,7 @@ class BatchedKV:
         )
         self.valid = torch.cat([self.valid, real], dim=1)
         self.lengths = [length + n for length, n in zip(self.lengths, counts)]
-        hidden = out.last_hidden_state
-        logits = self.lm_head(hidden[real]).split(counts)
-        results = []
-        for r, n in enumerate(counts):
-            states = tuple(h[r : r + 1, :n] for h in out.hidden_states) if hidden_states else None
-            results.append(ForwardOut(hidden[r, :n], logits[r], states))
-        return results
+        return self._outputs(out, real, counts, hidden_states)
 
     def rewind(self, member: object, tokens: int) -> None:
         """Mask out the last ``tokens`` positions of ``member``'s row (its rejected draft)."""
@@ -216,6 +211,27 @@ class BatchedKV:
         lengths = torch.tensor(self.lengths, device=self.device)
         self.valid = torch.arange(longest, device=self.device)[None, :] < lengths[:, None]
 
+    def _padded(self, inputs: list[list[int]], counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Token ids [len(inputs), longest], each row right-padded, and the mask of its real positions."""
+        width = max(counts)
+        ids = torch.full((len(inputs), width), self.pad_id, dtype=torch.long)
+        for r, tokens in enumerate(inputs):
+            ids[r, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        real = torch.arange(width)[None, :] < torch.tensor(counts)[:, None]
+        return ids.to(self.device), real.to(self.device)
+
+    def _outputs(
+        self, out: BaseModelOutputWithPast, real: torch.Tensor, counts: list[int], hidden_states: bool
+    ) -> list[ForwardOut]:
+        """Each row's outputs at its ``counts[r]`` real positions; the LM head runs on those alone."""
+        hidden = out.last_hidden_state
+        logits = self.lm_head(hidden[real]).split(counts)
+        results = []
+        for r, n in enumerate(counts):
+            states = tuple(h[r : r + 1, :n] for h in out.hidden_states) if hidden_states else None
+            results.append(ForwardOut(hidden[r, :n], logits[r], states))
+        return results
+
     def _mask(self, real: torch.Tensor, width: int) -> torch.Tensor:
         """[rows, 1, width, slots + width] additive mask: a real query sees its row's valid slots and the real
         new tokens up to itself; a padding query sees only itself, so no row of the softmax is empty."""
@@ -226,9 +242,10 @@ class BatchedKV:
         mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
         return mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
 
-    def _join(self, member: object, cache: DynamicCache, length: int) -> None:
+    def _join(self, member: object, cache: DynamicCache, row: int, length: int) -> None:
+        """Row ``row`` of a prefill's cache, its first ``length`` positions, as the batch's next row."""
         for layer, new in zip(self.cache.layers, cache.layers):
-            layer.add_row(new.keys, new.values)
+            layer.add_row(new.keys[row : row + 1, :, :length], new.values[row : row + 1, :, :length])
         width = max(self.slots, length)
         row = torch.arange(width, device=self.device)[None, :] < length
         self.valid = torch.cat([_pad_slots(self.valid, width), row])

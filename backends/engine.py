@@ -5,7 +5,9 @@ Each step of the loop:
 1. *admit* waiting requests while the batch has room (``max_batch`` rows, ``max_kv_tokens`` reserved
    positions: prompt plus ``max_tokens`` per request); a request beyond ``max_queue`` waiting is refused with
    :class:`QueueFullError` at once;
-2. *prefill* at most one newcomer, alone, so a long prompt stalls the others for one prefill at most;
+2. *prefill* the newcomers, several prompts right-padded into one forward pass of their own (up to
+   ``prefill_tokens`` padded positions, the oldest newcomer even past it), so newcomers stall the others for
+   one prefill at most, and a step with many newcomers pays for one forward, not one each;
 3. answer the published drafter's *budget* and *schedule* questions across the whole batch (Algorithm 1:
    the verification length of every request from every request's confidence and the cost of the forward);
 4. run one *forward* pass over every row, each fed its own tokens, and hand each loop its outputs; the loops
@@ -37,8 +39,10 @@ from backends.loading import LoadedModel
 from backends.sequence import Sequence
 from backends.steps import Budget, Forward, Rewind, Schedule
 
-IDLE_EXIT_S = 30.0
-"""An engine's thread ends after this long with nothing to do; the next request starts a new one."""
+IDLE_EXIT_S = 1.0
+"""An engine's thread ends after this long with nothing to do; the next request starts a new one. Short, because
+an idle thread keeps its OpenMP team, and one team too many slows every other engine in the process
+(:mod:`backends.threads`); starting a new one took 0.3 ms here."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +53,9 @@ class BatchLimits:
     """Positions the running requests may hold in the KV cache, counted as prompt + max_tokens each."""
     max_queue: int = 256
     """Requests waiting for a place before new ones are refused."""
+    prefill_tokens: int = 512
+    """Prompt positions prefilled together in one forward, padding counted (newcomers times the longest of their
+    prompts): what bounds the running batch's stall. 1 prefills one newcomer per step."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,8 @@ class StepRecord:
     rows: int
     tokens: int
     budgets: list[int] = field(default_factory=list)
+    prefilled: int = 0
+    """Newcomers prefilled together just before this forward."""
 
 
 Observer = Callable[[StepRecord], None]
@@ -94,6 +103,8 @@ class DecodeEngine:
         finally:
             with self._wake:
                 self._held -= 1
+                if self._waiting:
+                    self._start()
                 self._wake.notify_all()
 
     def wait_idle(self, timeout_s: float) -> bool:
@@ -114,12 +125,7 @@ class DecodeEngine:
             if len(self._waiting) >= self.limits.max_queue:
                 raise QueueFullError(f"the batch is full and {len(self._waiting)} requests are waiting")
             self._waiting.append(sequence)
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._serve, name="decode-engine", daemon=True)
-                self._thread.start()
-                if not self._exit_hook:
-                    atexit.register(_stop, weakref.ref(self))
-                    self._exit_hook = True
+            self._start()
             self._wake.notify_all()
 
     def stop(self) -> None:
@@ -131,6 +137,17 @@ class DecodeEngine:
             thread.join()
         with self._wake:
             self._stopping = False
+
+    def _start(self) -> None:
+        """The batching thread, unless it runs (called holding ``_wake``); it ends when idle or held, so the
+        end of a hold starts it again."""
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._serve, name="decode-engine", daemon=True)
+        self._thread.start()
+        if not self._exit_hook:
+            atexit.register(_stop, weakref.ref(self))
+            self._exit_hook = True
 
     def _serve(self) -> None:
         with torch.inference_mode():
@@ -174,16 +191,14 @@ class DecodeEngine:
     def _step(self) -> None:
         for sequence in [s for s in self._running if s.cancelled.is_set()]:
             self._retire(sequence, finished=False)
-        newcomer = next((s for s in self._running if s not in self.kv), None)
-        if newcomer is not None:
-            request = newcomer.pending
-            self._advance(newcomer, self.kv.prefill(newcomer, request.tokens, request.hidden_states))
+        prefilled = self._prefill()
         rows = [s for s in self.kv.members if s.pending is not None]
         if not rows:
             return
         for sequence in rows:
             if isinstance(sequence.pending, Budget):
-                self._advance(sequence, sequence.pending.schedule.budget(len(rows), sequence.pending.limit))
+                ask = sequence.pending
+                self._advance(sequence, ask.schedule.budget(len(rows), ask.limit, ask.expected))
         scheduled = [s for s in rows if isinstance(s.pending, Schedule)]
         budgets = schedule_batch(
             [(s.pending.schedule, s.pending.confidence, s.pending.limit) for s in scheduled], len(rows)
@@ -200,9 +215,21 @@ class DecodeEngine:
         for sequence, out in zip(rows, outputs):
             self._advance(sequence, out)
         self.kv.compact()
-        record = StepRecord(rows=len(rows), tokens=sum(map(len, inputs)), budgets=budgets)
+        record = StepRecord(rows=len(rows), tokens=sum(map(len, inputs)), budgets=budgets, prefilled=prefilled)
         for observer in self.observers:
             observer(record)
+
+    def _prefill(self) -> int:
+        """Prefill the newcomers :func:`prefill_group` picks, in one forward; how many. Prompts of a few dozen
+        tokens leave a forward's fixed cost its larger part, so a group costs little more than its longest."""
+        group = prefill_group([s for s in self._running if s not in self.kv], self.limits.prefill_tokens)
+        if not group:
+            return 0
+        forwards = [s.pending for s in group]
+        outputs = self.kv.prefill(group, [f.tokens for f in forwards], any(f.hidden_states for f in forwards))
+        for sequence, out in zip(group, outputs):
+            self._advance(sequence, out)
+        return len(group)
 
     def _advance(self, sequence: Sequence, answer: object) -> None:
         """Run the loop to its next question (a forward, a budget, a schedule), committing what it yields on
@@ -234,6 +261,20 @@ class DecodeEngine:
             sequence.finish()
         else:
             sequence.fail(BackendError("cancelled"))
+
+
+def prefill_group(newcomers: list[Sequence], budget: int) -> list[Sequence]:
+    """The oldest newcomer, then each later one that keeps the group's padded size (members times the longest
+    prompt) within ``budget``; one that does not fit waits for a later step (the oldest always goes)."""
+    group: list[Sequence] = []
+    longest = 0
+    for sequence in newcomers:
+        length = len(sequence.pending.tokens)
+        if group and (len(group) + 1) * max(longest, length) > budget:
+            continue
+        group.append(sequence)
+        longest = max(longest, length)
+    return group
 
 
 def _stop(engine: weakref.ref[DecodeEngine]) -> None:

@@ -49,10 +49,12 @@ class Rewind:
 
 @dataclass(frozen=True)
 class Budget:
-    """Before drafting: the most draft tokens worth verifying at the batch's size; answered with an int."""
+    """Before drafting: the most draft tokens worth drafting at the batch's size, given the request's mean prefix
+    survival so far (``expected``, empty before its first draft); answered with an int, 0 to skip the drafter."""
 
     schedule: VerifySchedule
     limit: int
+    expected: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

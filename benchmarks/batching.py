@@ -14,6 +14,9 @@ At each concurrency C, C clients run a closed loop (a client sends its next requ
 answered) for ``--window`` seconds over a mix of held-out subtasks and ``--prompts`` (real benchmark prompts,
 evaluation only), greedy. Total tokens/s counts every completion token over the wall time until the last
 answer; per-request tokens/s is a request's completion tokens over its latency, queue wait included.
+
+The local contenders load on a thread of their own, and each one's batching thread is ended before the next is
+measured: an OpenMP team left on a live thread would slow whichever contender runs next (backends/threads.py).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from pathlib import Path
 import torch
 
 from backends.progress import JobProgress
+from backends.threads import on_own_thread
 from backends.types import GenerationRequest
 from benchmarks.decode_sets import held_out_sets, shared_sets
 from benchmarks.local_serve import transformers_serve
@@ -146,6 +150,11 @@ class LocalContenders:
         backend = self.backends[name]
         return lambda request: backend.complete(request).usage.completion_tokens
 
+    def rest(self, name: str) -> None:
+        """End the contender's batching thread, and its OpenMP team with it, before another is measured."""
+        if name in self.backends:
+            self.backends[name].engine.stop()
+
 
 @contextmanager
 def transformers_serve_contender(model: Path, threads: int) -> Iterator[Complete]:
@@ -173,7 +182,7 @@ def run_benchmark(
     window_s: float,
     threads: int,
 ) -> dict:
-    local = LocalContenders(model, max(levels))
+    local = on_own_thread(lambda: LocalContenders(model, max(levels)))
     requests, dropped = fitting(local.backends["batched"].loaded, requests)
     report: dict = {
         "model": str(model),
@@ -190,12 +199,14 @@ def run_benchmark(
         task = progress.add_job("bench batching", total=len(levels) * len(contenders))
         for name in contenders:  # one unmeasured request each: loads, profiles and warms every path
             (served if name == "transformers_serve" else local.complete(name))(requests[0])
+            local.rest(name)
         for level in levels:
             row: dict = {}
             for name in contenders:
                 complete = served if name == "transformers_serve" else local.complete(name)
                 before = len(local.budgets.get(name, []))
                 loop = closed_loop(complete, requests, level, window_s)
+                local.rest(name)
                 row[f"{name}_tokens_per_s"] = round(loop["tokens_per_s"], 2)
                 row[f"{name}_per_request_tokens_per_s"] = round(loop["per_request_tokens_per_s"], 2)
                 row[f"{name}_p50_latency_s"] = round(loop["p50_latency_s"], 3)

@@ -1,9 +1,9 @@
 """Worker pools: a bounded queue and a fixed number of workers in front of one kind of backend.
 
 :class:`Pool` is the seam the router talks to: ``submit`` admits a request or refuses it at once (never blocks,
-so a full pool can be spilled elsewhere), and ``depth``/``capacity`` say how loaded it is. ``complete`` and
-``stream`` are built on ``submit`` here, once, so another implementation (a Redis-distributed pool) only has to
-provide ``submit``, ``depth``, ``capacity`` and ``close``.
+so a full pool can be spilled elsewhere), ``depth``/``capacity`` say how full it is and ``load`` how busy, for
+load-aware routing. ``complete`` and ``stream`` are built on ``submit`` here, once, so another implementation (a
+Redis-distributed pool) only has to provide ``submit``, ``depth``, ``capacity``, ``load`` and ``close``.
 
 :class:`InProcessPool` runs its workers as threads. Each worker is one replica of the model with its own
 batching loop (:mod:`backends.engine`), which decodes up to ``max_batch`` requests at once; a request goes to
@@ -25,10 +25,12 @@ from typing import TYPE_CHECKING, TypeVar
 
 from backends.errors import BackendError, DSparkRouterError, ModelLoadError
 from backends.protocol import Backend
+from backends.threads import on_own_thread
 from backends.types import GenerationRequest, GenerationResult, StreamChunk
 from router.config import PoolConfig
 from router.errors import PoolClosedError, PoolTimeoutError, QueueFullError
 from router.feeds import Feed
+from router.load import PoolLoad
 
 if TYPE_CHECKING:
     from backends.engine import StepRecord
@@ -36,6 +38,8 @@ if TYPE_CHECKING:
 OnChunk = Callable[[StreamChunk], None]
 T = TypeVar("T")
 WAIT_GRACE_S = 5.0
+SOLO_SMOOTHING = 0.2
+"""Weight of the newest one-row forward in a pool's running mean of the tokens a lone request feeds."""
 
 
 class Pool(ABC):
@@ -57,6 +61,10 @@ class Pool(ABC):
     @abstractmethod
     def capacity(self) -> int:
         """The depth at which ``submit`` refuses."""
+
+    @abstractmethod
+    def load(self) -> PoolLoad:
+        """How busy the pool is right now; cheap enough to read on every routing decision."""
 
     @abstractmethod
     def close(self) -> None:
@@ -112,7 +120,8 @@ class InProcessPool(Pool):
         self._replicas: list[Backend | None] = [None] * workers
         self._in_flight = [0] * workers
         self._loading = [threading.Lock() for _ in range(workers)]
-        self._observers: list[Callable[[StepRecord], None]] = []
+        self._observers: list[Callable[[StepRecord], None]] = [self._count_solo_step]
+        self._solo_tokens: float | None = None
         self._executor = ThreadPoolExecutor(max_workers=workers * max_batch, thread_name_prefix=f"pool-{name}")
 
     @classmethod
@@ -134,6 +143,16 @@ class InProcessPool(Pool):
     @property
     def capacity(self) -> int:
         return self._capacity
+
+    def load(self) -> PoolLoad:
+        """Lock-free reads of counters the pool keeps anyway: a decision never waits for a worker."""
+        return PoolLoad(
+            depth=self._depth,
+            running=sum(self._in_flight),
+            workers=self.workers,
+            max_batch=self.max_batch,
+            solo_tokens_per_forward=self._solo_tokens,
+        )
 
     def submit(self, request: GenerationRequest, on_chunk: OnChunk | None = None) -> Future[GenerationResult]:
         with self._lock:
@@ -160,6 +179,13 @@ class InProcessPool(Pool):
             self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
 
+    def _count_solo_step(self, record: StepRecord) -> None:
+        """A running mean of the tokens one request alone fed a forward: batched rows are cut short by the
+        verification budget, so only one-row passes say what a request verifies when nothing competes."""
+        if record.rows == 1:
+            last = self._solo_tokens
+            self._solo_tokens = record.tokens if last is None else last + SOLO_SMOOTHING * (record.tokens - last)
+
     def _release(self, _: Future[GenerationResult]) -> None:
         with self._lock:
             self._depth -= 1
@@ -175,8 +201,10 @@ class InProcessPool(Pool):
             return self._replicas[index]
 
     def _load(self) -> Backend:
+        """On a thread of its own: a worker or the warming thread lives on, and a torch op left there would
+        slow every batch in the process (:mod:`backends.threads`)."""
         try:
-            return self._load_backend()
+            return on_own_thread(self._load_backend)
         except DSparkRouterError:
             raise
         except Exception as exc:

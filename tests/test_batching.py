@@ -8,11 +8,12 @@ import time
 import pytest
 import torch
 
-from backends import AutoregressiveBackend, GenerationRequest
+from backends import AutoregressiveBackend, GenerationRequest, engine
 from backends.dspark.backend import DSparkBackend
 from backends.dspark.scheduler import SpsCurve, VerifySchedule, choose_lengths, draft_budget
 from backends.engine import BatchLimits, StepRecord
 from backends.errors import QueueFullError
+from router.pools import InProcessPool
 from tests.test_dspark import assert_equal_or_near_tie, perturbed_heads_model
 from tests.test_dspark_drafter import perturbed_drafter
 
@@ -57,8 +58,10 @@ def _backends(heads_model, limits: BatchLimits | None = None) -> dict[str, objec
 
 
 def complete_together(backend, requests: list[GenerationRequest]) -> tuple[list, list[StepRecord]]:
-    """Every request admitted in the same step, so they decode as one batch from the start."""
+    """Every request admitted in the same step, so they decode as one batch from the start (with any request
+    already decoding)."""
     records: list[StepRecord] = []
+    expected = backend.engine.depth + len(requests)
     backend.engine.observers.append(records.append)
     results: list = [None] * len(requests)
 
@@ -70,7 +73,7 @@ def complete_together(backend, requests: list[GenerationRequest]) -> tuple[list,
         for thread in threads:
             thread.start()
         deadline = time.monotonic() + 30
-        while backend.engine.depth < len(requests) and time.monotonic() < deadline:
+        while backend.engine.depth < expected and time.monotonic() < deadline:
             time.sleep(0.005)
     for thread in threads:
         thread.join(60)
@@ -93,6 +96,28 @@ def test_greedy_output_under_batching_equals_solo(heads_model, kind):
     assert "\n" not in batched[2].text and "e" not in batched[2].text
     if kind != "autoregressive":
         assert any(r.tokens > r.rows for r in records), "no draft was verified in the batch"
+
+
+@pytest.mark.parametrize("kind", ["autoregressive", "published"])
+def test_newcomers_prefilled_together_decode_as_if_alone(heads_model, kind):
+    """Prompts of different lengths right-padded into one prefill forward while another request decodes (the
+    published drafter's prefill asks for every layer's hidden states too): each equals its solo run."""
+    backend = _backends(heads_model)[kind]
+    prompts = ["x", "def parse(value):\n    return value" * 3, "import json\n\nclass Encoder:"]
+    newcomers = [GenerationRequest(prompt=p, max_tokens=16, temperature=0.0) for p in prompts]
+    solo = [backend.complete(request) for request in newcomers]
+    running = backend.stream(GenerationRequest(prompt="for i in", max_tokens=400, temperature=0.0, stop=["\x00"]))
+    next(running)
+    try:
+        batched, records = complete_together(backend, newcomers)
+    finally:
+        running.close()
+    tokenizer = heads_model.loaded.tokenizer
+    lengths = {len(tokenizer(p)["input_ids"]) for p in prompts}
+    assert len(lengths) == len(prompts)
+    assert any(r.prefilled == len(newcomers) and r.rows == len(newcomers) + 1 for r in records)
+    for prompt, alone, together in zip(prompts, solo, batched):
+        assert_equal_or_near_tie(heads_model, tokenizer(prompt)["input_ids"], alone.token_ids, together.token_ids)
 
 
 def test_batched_dspark_exact_equals_solo_greedy_autoregressive(heads_model):
@@ -164,6 +189,42 @@ def test_a_full_batch_queues_then_refuses_with_a_typed_error(heads_model):
     assert queued[0].stats.queue_s > 0
 
 
+def test_a_hold_that_outlasts_the_idle_engine_still_runs_what_it_held(heads_model, monkeypatch):
+    """The batching thread ends when it may admit nothing; the end of the hold starts it again."""
+    monkeypatch.setattr(engine, "IDLE_EXIT_S", 0.01)
+    backend = AutoregressiveBackend(heads_model.loaded)
+    results: list = []
+    request = GenerationRequest(prompt="x", max_tokens=3, temperature=0.0)
+    waiter = threading.Thread(target=lambda: results.append(backend.complete(request)))
+    with backend.engine.hold():
+        waiter.start()
+        deadline = time.monotonic() + 10
+        while (backend.engine.depth < 1 or backend.engine._thread is not None) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert backend.engine._thread is None, "the held engine's thread did not end"
+    waiter.join(30)
+    assert results and results[0].usage.completion_tokens == 3
+
+
+def test_a_pool_loads_its_backend_on_a_thread_that_ends(tiny_model_paths):
+    """Torch work on a thread that lives on would leave it an OpenMP team and slow every batch in the process
+    (backends/threads.py): neither the warming thread nor a worker may load."""
+    loaders: list[threading.Thread] = []
+
+    def load() -> AutoregressiveBackend:
+        loaders.append(threading.current_thread())
+        return AutoregressiveBackend.from_pretrained(tiny_model_paths["llama"])
+
+    pool = InProcessPool("standard", "autoregressive", load, max_batch=2)
+    try:
+        pool.warmup()
+        assert pool.complete(GenerationRequest(prompt="x", max_tokens=2, temperature=0.0)).usage.completion_tokens
+    finally:
+        pool.close()
+    assert len(loaders) == 1
+    assert loaders[0] is not threading.current_thread() and not loaders[0].is_alive()
+
+
 def test_a_request_larger_than_the_kv_cache_is_refused_before_it_queues(heads_model):
     backend = AutoregressiveBackend(heads_model.loaded, BatchLimits(max_kv_tokens=64))
     with pytest.raises(Exception, match="KV cache") as refused:
@@ -183,6 +244,19 @@ def test_the_verification_budget_shrinks_as_the_batch_grows():
     assert per_request[0] == 7 and per_request[-1] == 0
     assert per_request == sorted(per_request, reverse=True)
     assert choose_lengths([confident], sps, rows=16) == [0]
+
+
+def test_drafting_must_pay_for_the_drafter_pass():
+    """A drafter pass that costs what a forward does: a lone request drafts only as far as its expected
+    survivals pay for the pass, a batch that earns little from one request's draft not at all, and a free
+    drafter leaves Algorithm 1's own ceiling."""
+    flat = SpsCurve({n: 100.0 for n in range(1, 65)})
+    sure, unsure = [0.95**k for k in range(1, 8)], [0.3**k for k in range(1, 8)]
+    assert draft_budget(flat, 1, 7, sure, draft_s=0.0) == 7
+    assert draft_budget(flat, 1, 7, sure, draft_s=0.01) == 7
+    assert draft_budget(flat, 1, 7, unsure, draft_s=0.01) == 0
+    assert draft_budget(flat, 16, 7, sure, draft_s=0.01) == 0
+    assert draft_budget(flat, 1, 7, (), draft_s=0.01) == 7  # no history yet: optimistic
 
 
 def test_the_batch_keeps_its_cache_compact(heads_model):

@@ -22,7 +22,7 @@ from backends.dspark.drafter_config import DRAFTER_DIR
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.heads import SpanHeads
 from backends.dspark.model import DSparkModel
-from backends.dspark.profile import load_or_profile
+from backends.dspark.profile import load_or_profile, measure_draft_s
 from backends.dspark.scheduler import VerifySchedule
 from backends.dspark.selection import SpanPolicy
 from backends.engine import BatchLimits
@@ -88,7 +88,8 @@ class DSparkBackend(LocalBackend):
             published = load_drafter(loaded, drafter_dir)
             rows = (limits or BatchLimits()).max_batch
             sps = load_or_profile(path, loaded, rows * (published.block_size + 1))
-            schedule = VerifySchedule(sps=sps, verification=verification)
+            draft_s = measure_draft_s(loaded, published)
+            schedule = VerifySchedule(sps=sps, verification=verification, draft_s=draft_s)
         policy = None
         if model is not None:
             config = model.dspark_config
@@ -148,6 +149,7 @@ def resolve_schedule(schedule: VerifySchedule, options: DSparkOptions | None) ->
         return schedule
     return VerifySchedule(
         sps=schedule.sps,
+        draft_s=schedule.draft_s,
         threshold=options.confidence_threshold if options.confidence_threshold is not None else schedule.threshold,
         max_draft=options.max_span - 1 if options.max_span is not None else schedule.max_draft,
         verification=options.verification or schedule.verification,

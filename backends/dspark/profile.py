@@ -18,10 +18,12 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
-from backends.dspark.scheduler import SpsCurve
+from backends.dspark.drafter import ContextCache, DSparkDrafter
+from backends.dspark.published_decode import draft
+from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
 from backends.loading import LoadedModel, load_model
+from backends.types import GenerationRequest
 
-PROFILE_FILE = "dspark_sps.json"
 CONTEXT_TOKENS = 64
 
 
@@ -67,6 +69,25 @@ def measure_sps(loaded: LoadedModel, max_tokens: int, repeats: int = 5) -> SpsCu
     return SpsCurve(steps)
 
 
+@torch.inference_mode()
+def measure_draft_s(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5) -> float:
+    """Median seconds of one decoding round's drafter work (context update, backbone pass, the Markov head's
+    whole block, confidences) after a fixed context: what the verification budget weighs drafting against.
+    Measured when a backend loads rather than stored, since it belongs to the drafter, not the target."""
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(CONTEXT_TOKENS, drafter.config.context_width, generator=generator).to(loaded.device)
+    context = ContextCache(len(drafter.layers))
+    drafter.extend_context(context, features.to(drafter.fc.weight.dtype))
+    greedy = GenerationRequest(prompt="profile", temperature=0.0)
+    times = []
+    for _ in range(repeats + 1):
+        started = time.perf_counter()
+        drafter.extend_context(context, features[:4].to(drafter.fc.weight.dtype))
+        draft(drafter, context, 0, greedy, None, drafter.block_size)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times[1:])
+
+
 def _read(folder: Path) -> dict[str, dict[str, float]]:
     file = folder / PROFILE_FILE
     return json.loads(file.read_text()) if file.is_file() else {}
@@ -87,7 +108,7 @@ def load_or_profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) ->
     """The stored curve for this machine when it covers ``max_tokens``, else a fresh measurement."""
     stored = _read(Path(folder)).get(machine_key(loaded))
     if stored and max(map(int, stored)) >= max_tokens:
-        return SpsCurve({int(k): float(v) for k, v in stored.items()})
+        return SpsCurve.from_stored(stored)
     return profile(folder, loaded, max_tokens)
 
 

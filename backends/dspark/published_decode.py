@@ -10,8 +10,9 @@ correction token of the previous round, or the target's own next token):
 2. ``schedule``: the verification length, by Algorithm 1 from prefix survival and the profiled SPS curve (or a
    static threshold); under a grammar the verified draft is further cut at the first token the grammar refuses.
    Algorithm 1 weighs every request in the batch at once, so the loop asks the engine twice: before drafting,
-   how many tokens could be worth verifying at this batch size (``Budget``: none, under heavy load, so nothing
-   is drafted), and after, how many to verify (``Schedule``);
+   how many tokens could be worth drafting at this batch size, weighed against the drafter pass's own cost and
+   the request's mean prefix survival so far (``Budget``: none under heavy load, and the drafter is skipped),
+   and after, how many to verify (``Schedule``);
 3. ``verify``: one target forward over [anchor, draft...] appends them to the target's KV cache and yields the
    target's logits and features there. Greedy keeps the longest prefix equal to the target's argmax; sampling
    accepts x_k with probability min(1, p/q), resamples from max(0, p - q) at the first rejection, and draws a
@@ -33,7 +34,7 @@ from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
 from backends.dspark.decode import verify_greedy, verify_sampled
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
-from backends.dspark.scheduler import VerifySchedule
+from backends.dspark.scheduler import VerifySchedule, prefix_survival
 from backends.loading import LoadedModel
 from backends.sampling import pick_token, sample, token_probs
 from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, Rewind, Schedule
@@ -54,6 +55,23 @@ class Draft:
     probs: torch.Tensor | None
     """[gamma, V] the distributions the tokens were drawn from (sampling only)."""
     confidence: list[float]
+
+
+class MeanSurvival:
+    """A request's mean prefix survival a_k by block position over its rounds so far: what drafting is expected
+    to earn next round, known before the draft is made (the budget must not look at the draft it decides)."""
+
+    def __init__(self, gamma: int) -> None:
+        self.sums, self.counts = [0.0] * gamma, [0] * gamma
+
+    def add(self, confidence: list[float]) -> None:
+        for k, a in enumerate(prefix_survival(confidence)):
+            self.sums[k] += a
+            self.counts[k] += 1
+
+    def means(self) -> tuple[float, ...]:
+        """Positions drafted at least once; the budget takes later ones as certain (the optimistic start)."""
+        return tuple(total / count for total, count in zip(self.sums, self.counts) if count)
 
 
 def target_pass(out: ForwardOut, layer_ids: list[int]) -> TargetPass:
@@ -128,6 +146,7 @@ def decode(
     )
     verified_at, accepted_at = [0] * gamma, spans.accepted_by_offset
     context = ContextCache(len(drafter.layers))
+    survival = MeanSurvival(gamma)
     step = target_pass((yield Forward(prompt, hidden_states=True)), layer_ids)
     stats.forward_passes += 1
     pending, logits, next_token = [step.features], step.logits[-1], None
@@ -148,17 +167,22 @@ def decode(
                 anchor = pick_token(logits, request, generator)
             if constraint is not None:
                 constraint.consume([anchor])
-            drafter.extend_context(context, torch.cat(pending))
-            room = drafter.block_size if loaded.max_context is None else loaded.max_context - context.length - 1
+            committed = context.length + sum(features.shape[0] for features in pending)
+            room = drafter.block_size if loaded.max_context is None else loaded.max_context - committed - 1
             limit = max(0, min(schedule.limit(drafter.block_size), room))
-            limit = yield Budget(schedule, limit)
-            block = draft(drafter, context, anchor, request, generator, limit)
-            length = yield Schedule(schedule, block.confidence, limit)
-            tokens = block.tokens[:length]
-            if constraint is not None:
-                tokens = tokens[: constraint.valid_prefix(tokens)]
-            kept_rows = len(tokens) + (len(tokens) < length)
-            probs = None if block.probs is None else block.probs[:kept_rows]
+            limit = yield Budget(schedule, limit, survival.means())
+            tokens, probs = [], None
+            if limit:  # else the drafter is skipped, and its context catches up on the next round that drafts
+                drafter.extend_context(context, torch.cat(pending))
+                pending = []
+                block = draft(drafter, context, anchor, request, generator, limit)
+                survival.add(block.confidence)
+                length = yield Schedule(schedule, block.confidence, limit)
+                tokens = block.tokens[:length]
+                if constraint is not None:
+                    tokens = tokens[: constraint.valid_prefix(tokens)]
+                kept_rows = len(tokens) + (len(tokens) < length)
+                probs = None if block.probs is None else block.probs[:kept_rows]
             step = target_pass((yield Forward([anchor, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1
             step_logits = step.logits
@@ -177,7 +201,8 @@ def decode(
             spans.fallback_steps += not tokens
             spans.proposed_span_hist[1 + len(tokens)] = spans.proposed_span_hist.get(1 + len(tokens), 0) + 1
             spans.accepted_span_hist[1 + accepted] = spans.accepted_span_hist.get(1 + accepted, 0) + 1
-            pending, logits = [step.features[: accepted + 1]], step_logits[accepted]
+            pending.append(step.features[: accepted + 1])
+            logits = step_logits[accepted]
             yield [anchor, *tokens[:accepted]]
     finally:
         committed = sum(n * count for n, count in spans.accepted_span_hist.items())

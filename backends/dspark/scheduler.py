@@ -13,12 +13,14 @@ a_{r,j+1} (computed from token j) decide whether token j is verified, and that b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 TIE = 1e-9
 """Relative margin below which tau * SPS counts as not improved: a compute-bound forward ties exactly, in theory."""
+PROFILE_FILE = "dspark_sps.json"
+"""Beside the model: one stored curve per machine key (``backends/dspark/profile.py``), read by the router too."""
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,20 @@ class SpsCurve:
     """Target forward passes per second by forward length in tokens (1, 2, ...), as profiled."""
 
     steps_per_s: dict[int, float]
+
+    @classmethod
+    def from_stored(cls, stored: Mapping[str, float]) -> SpsCurve:
+        """One machine's curve as ``dspark_sps.json`` stores it (JSON keys are strings)."""
+        return cls({int(tokens): float(rate) for tokens, rate in stored.items()})
+
+    def monotone(self) -> SpsCurve:
+        """The curve with no forward slower than a longer one: timing noise (a busy machine) only ever adds time,
+        and more tokens never cost less, so each length keeps the fastest rate of any length at or above it."""
+        rates, fastest = {}, 0.0
+        for tokens in sorted(self.steps_per_s, reverse=True):
+            fastest = max(fastest, self.steps_per_s[tokens])
+            rates[tokens] = fastest
+        return SpsCurve(dict(sorted(rates.items())))
 
     def at(self, tokens: int) -> float:
         """Between profiled lengths, the forward time is interpolated; beyond them a forward is taken to be
@@ -63,16 +79,32 @@ def choose_lengths(survival: Sequence[Sequence[float]], sps: SpsCurve, rows: int
     return lengths
 
 
-def draft_budget(sps: SpsCurve, rows: int, limit: int) -> int:
-    """The most draft tokens Algorithm 1 could verify for any one request in a forward of ``rows`` requests,
-    before anything is drafted: candidate k can only be admitted if SPS(rows + k) > rows * (SPS(rows + k - 1) -
-    SPS(rows + k)), its condition at the best case (survival 1, tau at its least, rows). It depends on no draft,
-    so drafting only this many tokens changes no decision, and under heavy load (a compute-bound forward) it
-    is 0: no request drafts at all."""
+def draft_budget(
+    sps: SpsCurve, rows: int, limit: int, expected: Sequence[float] | None = None, draft_s: float = 0.0
+) -> int:
+    """The most draft tokens worth drafting for one request in a forward of ``rows`` requests, decided before
+    anything is drafted, so it changes no verification decision.
+
+    Two gates. Algorithm 1's own: candidate k can only be admitted if SPS(rows + k) > rows * (SPS(rows + k - 1)
+    - SPS(rows + k)), its condition at the best case (survival 1, tau at its least), so under heavy load (a
+    compute-bound forward) nothing is. And the drafter's: a drafter pass costs ``draft_s`` on top of the forward,
+    which the paper's GPU drafter makes negligible and a small CPU target does not; drafting k tokens pays only
+    if the batch's tokens per second, rows + sum of the first k ``expected`` prefix survivals (this request's
+    own so far: they depend on no draft yet made) over the forward plus the pass, beat the rows alone."""
+    ceiling = limit
     for k in range(1, limit + 1):
         if sps.at(rows + k) <= rows * (sps.at(rows + k - 1) - sps.at(rows + k)) + TIE * sps.at(rows + k):
-            return k - 1
-    return limit
+            ceiling = k - 1
+            break
+    if not draft_s or not ceiling:
+        return ceiling
+    survival = list(expected or []) + [1.0] * ceiling
+    best, chosen = rows * sps.at(rows), 0
+    for k in range(1, ceiling + 1):
+        rate = (rows + sum(survival[:k])) / (1.0 / sps.at(rows + k) + draft_s)
+        if rate > best * (1 + TIE):
+            best, chosen = rate, k
+    return chosen
 
 
 def prefix_survival(confidence: Sequence[float]) -> list[float]:
@@ -97,15 +129,17 @@ class VerifySchedule:
     threshold: float | None = None
     max_draft: int | None = None
     verification: Literal["exact", "confidence"] = "exact"
+    draft_s: float = 0.0
+    """Seconds of one drafter pass (measured when the drafter loads), which drafting must pay back."""
 
     @property
     def batched(self) -> bool:
         """Whether Algorithm 1 over the profile decides, which across a batch is one choice for every request."""
         return self.sps is not None and self.threshold is None
 
-    def budget(self, rows: int, limit: int) -> int:
+    def budget(self, rows: int, limit: int, expected: Sequence[float] | None = None) -> int:
         """Draft tokens worth drafting at a batch of ``rows`` (see :func:`draft_budget`)."""
-        return draft_budget(self.sps, rows, limit) if self.batched else limit
+        return draft_budget(self.sps, rows, limit, expected, self.draft_s) if self.batched else limit
 
     def limit(self, block_size: int) -> int:
         return block_size if self.max_draft is None else min(block_size, self.max_draft)
