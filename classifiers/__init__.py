@@ -1,4 +1,4 @@
-"""Determinism classifiers: score how much a subtask would gain from the DSpark pool."""
+"""Determinism classifiers: score how much a subtask would gain from the DSpark pool, and predict by how much."""
 
 from __future__ import annotations
 
@@ -26,6 +26,19 @@ class Scorer(Protocol):
     at it unless the config sets its own threshold (:class:`~classifiers.model.DeterminismClassifier` has one)."""
 
     def score(self, request: dict[str, Any]) -> float: ...
+
+
+@runtime_checkable
+class SpeedupScorer(Protocol):
+    """What ``policy.objective: time_saved`` needs of a scorer beyond its score: DSpark's expected solo speedup on
+    a request (standard time over DSpark time, 1.0 for no gain), which the policy weighs against each pool's load.
+
+    ``predicts_speedup`` says whether this scorer has a model for it: a classifier file written before the
+    expected-gain model existed scores, but cannot predict speedups."""
+
+    predicts_speedup: bool
+
+    def expected_speedup(self, request: dict[str, Any]) -> float: ...
 
 
 def load_default() -> DeterminismClassifier:

@@ -78,11 +78,16 @@ def _per_token_time(results: Sequence[GenerationResult]) -> float:
     return sum(r.stats.wall_time_s for r in results) / max(sum(r.usage.completion_tokens for r in results), 1)
 
 
-def measure_request(
+def speedup_of(runs: dict[str, Sequence[GenerationResult]]) -> float:
+    """Standard time per output token over DSpark's, over all the runs kept for each pool."""
+    return _per_token_time(runs["standard"]) / _per_token_time(runs["dspark"])
+
+
+def fastest_runs(
     pools: dict[str, LocalBackend], request: GenerationRequest, repeats: int, dspark_first: bool, samples: int = 1
-) -> tuple[float, dict[str, dict]]:
-    """(speedup, stats by pool) from the fastest of ``repeats`` interleaved runs on each pool, per seed: one seed
-    for a greedy request, ``samples`` for a sampled one."""
+) -> dict[str, list[GenerationResult]]:
+    """Per pool, the fastest of ``repeats`` interleaved runs for each seed: one seed for a greedy request,
+    ``samples`` for a sampled one."""
     order = ["dspark", "standard"] if dspark_first else ["standard", "dspark"]
     seed = request.seed or 0
     draws = 1 if request.temperature == 0 else samples
@@ -97,11 +102,19 @@ def measure_request(
                     fastest[name] = result
         for name in order:
             best[name].append(fastest[name])
+    return best
+
+
+def measure_request(
+    pools: dict[str, LocalBackend], request: GenerationRequest, repeats: int, dspark_first: bool, samples: int = 1
+) -> tuple[float, dict[str, dict]]:
+    """(speedup, stats by pool) from :func:`fastest_runs`."""
+    best = fastest_runs(pools, request, repeats, dspark_first, samples)
     stats = {name: _pool_stats(results) for name, results in best.items()}
     stats["dspark"]["same_output"] = all(
         d.token_ids == s.token_ids for d, s in zip(best["dspark"], best["standard"], strict=True)
     )
-    return _per_token_time(best["standard"]) / _per_token_time(best["dspark"]), stats
+    return speedup_of(best), stats
 
 
 def load_pools(model: str, device: str = "auto", dtype: str = "auto") -> dict[str, LocalBackend]:

@@ -28,7 +28,9 @@ from classifiers.subtasks import read_jsonl
 
 
 def _add_score(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("score", help="score a subtask: P(DSpark beats the standard pool by the classifier's margin)")
+    p = sub.add_parser(
+        "score", help="score a subtask: P(DSpark beats the standard pool by the margin), and its expected speedup"
+    )
     given = p.add_mutually_exclusive_group(required=True)
     given.add_argument("prompt", nargs="?", help="the subtask, sent as one user message")
     given.add_argument("--request", help="a chat-completions request body: a JSON file, or - for stdin")
@@ -54,10 +56,13 @@ def _score(args: argparse.Namespace) -> int:
     request = _read_request(args.request) if args.request else {"messages": [{"role": "user", "content": args.prompt}]}
     classifier = DeterminismClassifier.load(args.classifier)
     score = classifier.score(request)
+    speedup = classifier.expected_speedup(request) if classifier.predicts_speedup else None
     if args.json:
-        print(json.dumps({"score": score, "margin": classifier.margin}))
-    else:
-        print(f"{score:.4f}  P(DSpark speedup >= {classifier.margin}x)")
+        print(json.dumps({"score": score, "margin": classifier.margin, "expected_speedup": speedup}))
+        return 0
+    print(f"{score:.4f}  P(DSpark speedup >= {classifier.margin}x)")
+    if speedup is not None:
+        print(f"{speedup:.2f}x   expected solo DSpark speedup")
     return 0
 
 

@@ -1,4 +1,10 @@
-"""The determinism classifier: a fitted scikit-learn Pipeline, its margin, and a lean one-request scoring path.
+"""The determinism classifier: a fitted scikit-learn Pipeline, its margin, the expected-gain model beside it, and
+lean one-request paths for both.
+
+The expected-gain model is a ridge regression of log speedup over the same features (the classifier's fitted
+vectorizer), so one file holds both and the router's ``time_saved`` objective costs one more sparse dot. Files
+from before it existed load without it (``predicts_speedup`` is False); a ``gain`` entry of another type is
+refused as malformed.
 
 Files are skops archives, never pickles: loading one runs no code from the file, only rebuilds the types listed
 in :data:`TRUSTED_TYPES` (scikit-learn's own are trusted by skops already). Anything else, a file that is not a
@@ -16,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import skops.io as sio
-from sklearn.linear_model import LogisticRegression
+from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import Pipeline
 
 from backends.errors import ModelLoadError
@@ -46,20 +52,29 @@ class DeterminismClassifier:
     :mod:`classifiers.train`), so its probabilities are calibrated for new kinds of subtask, not just seen ones.
     ``score`` skips the Pipeline: one sparse row dotted with the coefficients, tens of µs instead of the
     Pipeline's per-call validation; ``score_many`` goes through the Pipeline and gives the same numbers.
+    ``expected_speedup`` does the same with the expected-gain model's coefficients (see :mod:`classifiers.train`).
     """
 
-    def __init__(self, pipeline: Pipeline, margin: float, info: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, pipeline: Pipeline, margin: float, info: dict[str, Any] | None = None, gain: Ridge | None = None
+    ) -> None:
         vectorizer, model = (step for _, step in pipeline.steps)
         if not isinstance(vectorizer, RequestVectorizer) or not isinstance(model, LogisticRegression):
             raise TypeError("the pipeline must be [RequestVectorizer, LogisticRegression]")
         if list(model.classes_) != [False, True] or model.coef_.shape != (1, vectorizer.n_features):
             raise ValueError("the logistic regression must be fitted on boolean labels over the vectorizer's columns")
+        if gain is not None and (not isinstance(gain, Ridge) or np.shape(gain.coef_) != (vectorizer.n_features,)):
+            raise ValueError("the expected-gain model must be a ridge regression over the vectorizer's columns")
         self.pipeline = pipeline
         self.margin = float(margin)
         self.info = dict(info or {})
+        self.gain = gain
         self._vectorizer = vectorizer
         self._coef = np.ascontiguousarray(model.coef_[0], dtype=np.float64)
         self._intercept = float(model.intercept_[0])
+        if gain is not None:
+            self._gain_coef = np.ascontiguousarray(gain.coef_, dtype=np.float64)
+            self._gain_intercept = float(gain.intercept_)
 
     @property
     def threshold(self) -> float:
@@ -74,6 +89,28 @@ class DeterminismClassifier:
     def score_many(self, requests: Iterable[dict[str, Any]]) -> np.ndarray:
         return self.pipeline.predict_proba(list(requests))[:, 1]
 
+    @property
+    def predicts_speedup(self) -> bool:
+        return self.gain is not None
+
+    def expected_speedup(self, request: dict[str, Any]) -> float:
+        """DSpark's expected solo speedup on the request: exp of the predicted log speedup, by the same lean path
+        as ``score``."""
+        self._gain_model()
+        indices, values = self._vectorizer.row(request)
+        return math.exp(float(self._gain_coef[indices] @ values) + self._gain_intercept)
+
+    def expected_speedup_many(self, requests: Iterable[dict[str, Any]]) -> np.ndarray:
+        return np.exp(self._gain_model().predict(self._vectorizer.transform(list(requests))))
+
+    def _gain_model(self) -> Ridge:
+        if self.gain is None:
+            raise ClassifierLoadError(
+                "this classifier file has no expected-gain model: retrain it with dspark-router calibrate",
+                param="classifier",
+            )
+        return self.gain
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -83,6 +120,7 @@ class DeterminismClassifier:
             "margin": self.margin,
             "info": self.info,
             "pipeline": self.pipeline,
+            "gain": self.gain,
         }
         # Almost every hashed column is never seen in training, so the coefficients compress ~10x.
         sio.dump(state, path, compression=zipfile.ZIP_DEFLATED)
@@ -126,7 +164,7 @@ class DeterminismClassifier:
                 param="classifier",
             )
         try:
-            return cls(state["pipeline"], state["margin"], state.get("info"))
+            return cls(state["pipeline"], state["margin"], state.get("info"), state.get("gain"))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ClassifierLoadError(
                 f"{str(path)!r} holds a malformed classifier: {exc}", param="classifier"

@@ -24,7 +24,7 @@ from router.gateway.settings import GatewayConfig
 DEFAULT_CONFIG = Path(__file__).with_name("default.yaml")
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MODEL_ENV = "DSPARK_ROUTER_MODEL"
-RESERVED_RULE_NAMES = frozenset({"hint", "classifier", "default"})
+RESERVED_RULE_NAMES = frozenset({"hint", "classifier", "time_saved", "default"})
 POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -84,6 +84,31 @@ class HealthConfig(_Strict):
     )
 
 
+class PoolLoadConfig(_Strict):
+    """What ``policy.objective: time_saved`` assumes about a pool's speed under load (see ``router/expected_time.py``).
+
+    With a profile, a request's decode rate at a batch of b comes from the target's steps per second by forward
+    length; without one (remote engines), from ``tokens_per_s`` slowed by the pool's depth."""
+
+    profile: str | None = Field(
+        default="auto",
+        description="the steps-per-second curve: 'auto' (the model folder's dspark_sps.json, when it has one), "
+        "a dspark_sps.json path, or null for none",
+    )
+    verify_tokens: float | None = Field(
+        default=None,
+        ge=1.0,
+        description="DSpark pools: tokens a request feeds each forward (anchor plus verified draft, k + 1); "
+        "null: measured on the pool's own passes of one request (4 until the first)",
+    )
+    speedup_floor: float = Field(
+        default=0.0, ge=0.0, description="DSpark pools: the least speedup assumed under load, however full"
+    )
+    tokens_per_s: float | None = Field(
+        default=None, gt=0, description="a request's decode rate alone, for a pool without a profile"
+    )
+
+
 class PoolConfig(_Strict):
     """One pool of workers over one backend. For local backends each worker is a replica of the model that
     decodes up to ``max_batch`` requests at once; for litellm pools ``max_batch`` requests are in flight per
@@ -121,6 +146,7 @@ class PoolConfig(_Strict):
     redis_url: str | None = Field(default=None, description="for transport redis; else the top-level redis_url")
     redis: RedisTransport = Field(default_factory=RedisTransport)
     health: HealthConfig = Field(default_factory=HealthConfig)
+    load: PoolLoadConfig = Field(default_factory=PoolLoadConfig)
 
     @field_validator("api_base", "api_key")
     @classmethod
@@ -199,9 +225,15 @@ class TenantOverride(_Strict):
 
 
 class PolicyConfig(_Strict):
-    """Where requests go: hint, then rules in order, then the classifier's score, then ``default_pool``."""
+    """Where requests go: hint, then rules in order, then the classifier, then ``default_pool``.
+
+    ``objective`` is how the classifier decides: ``threshold`` routes to DSpark when its score reaches the
+    threshold, whatever the load; ``time_saved`` routes to the pool where the request's expected time is
+    shorter, from the expected-gain model's speedup and each pool's load right now (see
+    ``router/expected_time.py``)."""
 
     classifier: str | None = "default"
+    objective: Literal["threshold", "time_saved"] = "threshold"
     threshold: float | None = Field(
         default=None,
         ge=0.0,
@@ -322,6 +354,12 @@ def _check_references(config: RouterConfig, source: str | None) -> None:
             raise ConfigError(key, f"unknown pool {name!r} (pools: {', '.join(sorted(pools))})", source=source)
 
     exploring = policy.explore > 0 or policy.shadow > 0 or any(t.explore for t in policy.tenants.values())
+    if policy.objective == "time_saved" and policy.classifier is None:
+        raise ConfigError(
+            "policy.objective",
+            "time_saved routes by the classifier's expected gain: set policy.classifier",
+            source=source,
+        )
     if policy.classifier is not None or exploring:
         check("policy.dspark_pool", policy.dspark_pool)
         check("policy.standard_pool", policy.standard_pool)
@@ -367,6 +405,7 @@ def _resolve_paths(config: RouterConfig, base_dir: Path) -> RouterConfig:
         name: pool.model_copy(update={"model": str(base_dir / Path(pool.model).expanduser())}) if pool.local else pool
         for name, pool in config.pools.items()
     }
+    pools = {name: _resolve_profile(pool, base_dir) for name, pool in pools.items()}
     pools = {
         name: pool.model_copy(update={"redis_url": pool.redis_url or config.redis_url})
         if pool.transport == "redis"
@@ -380,3 +419,11 @@ def _resolve_paths(config: RouterConfig, base_dir: Path) -> RouterConfig:
     if log.jsonl is not None:
         log = log.model_copy(update={"jsonl": str(base_dir / Path(log.jsonl).expanduser())})
     return config.model_copy(update={"pools": pools, "policy": policy, "log": log})
+
+
+def _resolve_profile(pool: PoolConfig, base_dir: Path) -> PoolConfig:
+    """A profile file named relative to the config, made absolute; ``auto`` and null stay as they are."""
+    if pool.load.profile in (None, "auto"):
+        return pool
+    profile = str(base_dir / Path(pool.load.profile).expanduser())
+    return pool.model_copy(update={"load": pool.load.model_copy(update={"profile": profile})})

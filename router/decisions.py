@@ -27,12 +27,33 @@ class Sampling(BaseModel):
         return cls(temperature=request.temperature, top_p=request.top_p, max_tokens=request.max_tokens)
 
 
+class PoolSeen(BaseModel):
+    """One pool as the ``time_saved`` objective saw it when it decided, and what it expected there."""
+
+    depth: int = Field(description="requests admitted and not finished")
+    running: int = Field(description="requests decoding")
+    workers: int
+    max_batch: int
+    batch: int = Field(description="the batch the request would have joined, itself included")
+    speedup: float | None = Field(default=None, description="DSpark pools: the speedup expected at that batch")
+    expected_s: float | None = Field(
+        description="expected time there: queue wait plus decoding max_tokens (seconds; a relative unit where "
+        "neither pool has a profile or tokens_per_s); None: no live worker to decode it"
+    )
+
+
 class Decision(BaseModel):
     pool: str = Field(description="the pool that served (or would serve) the request")
     policy_pool: str = Field(description="the pool the policy chose, before exploring, spilling or falling back")
-    rule: str = Field(description="the rule that fired, or 'hint', 'classifier', 'default'")
+    rule: str = Field(description="the rule that fired, or 'hint', 'classifier', 'time_saved', 'default'")
     reason: str
     score: float | None = None
+    expected_speedup: float | None = Field(
+        default=None, description="time_saved: the expected-gain model's solo DSpark speedup for the request"
+    )
+    load: dict[str, PoolSeen] | None = Field(
+        default=None, description="time_saved: the dspark and standard pools as the policy saw them"
+    )
     tenant: str | None = None
     overflowed: bool = False
     fell_back: bool = False

@@ -1,12 +1,14 @@
 """The routing policy: which pool a request should go to, and why.
 
 Order of precedence: an explicit route hint, then the tenant's rules and the global rules in order (first match
-wins), then the classifier's score against the threshold, then ``default_pool``. Only the last two are learned or
-arbitrary, so only they are explored: a seeded share goes to the other pool, so both pools keep being measured on
-the traffic the classifier decides and calibration never runs out of counterfactuals. Separately, a seeded
-``shadow`` share of any request bound for one of the two pools is replayed on the other once answered (see
-``router/dispatch.py``), so the log holds measured speedups for ``calibrate --from-log``.
-Queue load is not decided here; the dispatcher spills a full pool to its overflow target at admission.
+wins), then the classifier, then ``default_pool``. The classifier decides by ``policy.objective``: ``threshold``
+compares its score with the threshold; ``time_saved`` weighs its expected speedup against both pools' load right
+now (``router/expected_time.py``). Only the last two steps are learned or arbitrary, so only they are explored:
+a seeded share goes to the other pool, so both pools keep being measured on the traffic the classifier decides
+and calibration never runs out of counterfactuals. Separately, a seeded ``shadow`` share of any request bound
+for one of the two pools is replayed on the other once answered (see ``router/dispatch.py``), so the log holds
+measured speedups for ``calibrate --from-log``. A full queue is not decided here, whatever the objective: the
+dispatcher spills a full pool to its overflow target at admission.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import random
 import threading
 from typing import TYPE_CHECKING, Any
 
-from classifiers import DEFAULT_THRESHOLD
+from classifiers import DEFAULT_THRESHOLD, SpeedupScorer
 from router.config import PolicyConfig, Rule, RuleMatch, TenantOverride
 from router.decisions import Decision
 from router.errors import ConfigError, RoutingError
@@ -24,6 +26,7 @@ from router.request import RoutedRequest
 
 if TYPE_CHECKING:
     from classifiers import Scorer
+    from router.expected_time import LoadEstimator
 
 
 def rule_matches(match: RuleMatch, routed: RoutedRequest) -> bool:
@@ -46,10 +49,36 @@ def _calibrated_threshold(scorer: Scorer | None) -> float:
     return float(value)
 
 
+def _number(value: object) -> float:
+    """A scorer's answer as a float; NaN (refused by the range checks) for anything that is not a number."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _check_time_saved(config: PolicyConfig, scorer: Scorer | None, estimator: LoadEstimator | None) -> None:
+    """``time_saved`` needs speedups to weigh and loads to weigh them against; checked once, at start-up."""
+    if config.objective != "time_saved" or scorer is None:
+        return
+    if not isinstance(scorer, SpeedupScorer) or not scorer.predicts_speedup:
+        raise ConfigError(
+            "policy.classifier",
+            "objective time_saved needs a classifier with an expected-gain model, and this one has none "
+            "(retrain it with dspark-router calibrate)",
+        )
+    if estimator is None:
+        raise ConfigError("policy.objective", "time_saved needs the pools' load (build the policy with an estimator)")
+
+
 class Policy:
-    def __init__(self, config: PolicyConfig, scorer: Scorer | None) -> None:
+    """``estimator`` reads the pools' load for ``objective: time_saved``; the router builds it over its pools."""
+
+    def __init__(self, config: PolicyConfig, scorer: Scorer | None, estimator: LoadEstimator | None = None) -> None:
+        _check_time_saved(config, scorer, estimator)
         self.config = config
         self.scorer = scorer
+        self.estimator = estimator
         self._scorer_threshold = _calibrated_threshold(scorer)
         self._rng = random.Random(config.seed)
         self._rng_lock = threading.Lock()
@@ -70,7 +99,9 @@ class Policy:
         for rule in rules:
             if rule_matches(rule.match, routed):
                 return decision(rule.pool, rule.name, f"rule {rule.name!r} matched")
-        if self.scorer is not None:
+        if self.scorer is not None and config.objective == "time_saved":
+            chosen = self._time_saved(routed)
+        elif self.scorer is not None:
             score, threshold = self._score(routed), self._threshold(override)
             above = score >= threshold
             reason = f"score {score:.3f} {'>=' if above else '<'} threshold {threshold:.3f}"
@@ -81,6 +112,26 @@ class Policy:
                 raise RoutingError("no rule matched, no classifier is loaded and policy.default_pool is not set")
             chosen = decision(default, "default", "no rule matched and no classifier: default pool")
         return self._explore(chosen, self._setting(override, "explore"))
+
+    def _time_saved(self, routed: RoutedRequest) -> Decision:
+        speedup = self._expected_speedup(routed)
+        verdict = self.estimator.choose(speedup, routed.request.max_tokens)
+        return Decision(
+            pool=verdict.pool,
+            policy_pool=verdict.pool,
+            rule="time_saved",
+            reason=verdict.reason,
+            tenant=routed.tenant,
+            expected_speedup=speedup,
+            load=verdict.seen,
+        )
+
+    def _expected_speedup(self, routed: RoutedRequest) -> float:
+        speedup = self.scorer.expected_speedup(routed.body)
+        value = _number(speedup)
+        if not 0.0 < value < math.inf:
+            raise RoutingError(f"the classifier expected a speedup of {speedup!r}; it must be a positive number")
+        return value
 
     def _setting(self, override: TenantOverride | None, name: str) -> Any:
         """The tenant's value where it sets one, else the policy's."""
@@ -94,10 +145,7 @@ class Policy:
 
     def _score(self, routed: RoutedRequest) -> float:
         score = self.scorer.score(routed.body)
-        try:
-            value = float(score)
-        except (TypeError, ValueError):
-            value = math.nan
+        value = _number(score)
         if not 0.0 <= value <= 1.0:
             raise RoutingError(f"the classifier returned {score!r}; a score must be a number in [0, 1]")
         return value

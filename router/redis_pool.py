@@ -8,7 +8,8 @@ worker's decoding.
 
 Redis being unreachable is bounded: every call has ``connect_timeout_s``, so a new request gets a
 :class:`~router.errors.PoolUnavailableError` (503) at once instead of hanging, and redis-py reconnects by itself
-when Redis is back. Depth and capacity are read from Redis, so every router replica sees the same numbers.
+when Redis is back. Depth, capacity and load are read from Redis, so every router replica sees the same numbers;
+the workers' heartbeats change only every ``heartbeat_s``, so they are read at most every ``CAPACITY_CACHE_S``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import redis
 from backends.types import GenerationRequest, GenerationResult, StreamChunk
 from router.config import PoolConfig
 from router.errors import PoolClosedError, PoolTimeoutError, PoolUnavailableError, QueueFullError
+from router.load import PoolLoad
 from router.pools import OnChunk, Pool
 from router.redis_jobs import Job, PoolKeys, WorkerLoad, error_from_payload, reproducible
 
@@ -39,6 +41,7 @@ class RedisPool(Pool):
         self.settings = config.redis
         self.keys = PoolKeys(config.redis.prefix, name)
         self._max_queue = config.max_queue
+        self._max_batch = config.max_batch
         self._url = config.redis_url
         timeout = self.settings.connect_timeout_s
         self._client = redis.Redis.from_url(self._url, socket_connect_timeout=timeout, socket_timeout=timeout)
@@ -47,7 +50,7 @@ class RedisPool(Pool):
             self._url, socket_connect_timeout=timeout, socket_timeout=timeout + READ_BLOCK_MS / 1000
         )
         self._closed = False
-        self._capacity_cache: tuple[float, int] = (0.0, 0)
+        self._workers_cache: tuple[float, list[WorkerLoad]] = (-CAPACITY_CACHE_S, [])
 
     @property
     def depth(self) -> int:
@@ -60,15 +63,29 @@ class RedisPool(Pool):
     @property
     def capacity(self) -> int:
         """``max_queue`` plus the concurrency of the workers that sent a heartbeat lately."""
-        stamp, value = self._capacity_cache
+        return self._max_queue + sum(load.concurrency for load in self._recent_workers())
+
+    def load(self) -> PoolLoad:
+        """The stream's length now, and the running jobs and batch size the live workers last reported."""
+        workers = self._recent_workers()
+        return PoolLoad(
+            depth=self.depth,
+            running=sum(worker.running for worker in workers),
+            workers=len(workers),
+            max_batch=max((worker.concurrency for worker in workers), default=self._max_batch),
+        )
+
+    def _recent_workers(self) -> list[WorkerLoad]:
+        """:meth:`live_workers`, read at most every ``CAPACITY_CACHE_S``; none while Redis is unreachable."""
+        stamp, workers = self._workers_cache
         if time.monotonic() - stamp < CAPACITY_CACHE_S:
-            return value
+            return workers
         try:
-            value = self._max_queue + sum(load.concurrency for load in self.live_workers())
+            workers = self.live_workers()
         except redis.RedisError:
-            value = self._max_queue
-        self._capacity_cache = (time.monotonic(), value)
-        return value
+            workers = []
+        self._workers_cache = (time.monotonic(), workers)
+        return workers
 
     def live_workers(self) -> list[WorkerLoad]:
         """The workers whose last heartbeat is recent, with the load each reported."""

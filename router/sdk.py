@@ -30,6 +30,7 @@ from router.config import RouterConfig, load_config
 from router.decisions import Decision, RoutedChunk, RoutedResult
 from router.dispatch import Dispatcher, Flight, OnDelta
 from router.errors import ConfigError, PoolTimeoutError
+from router.expected_time import LoadEstimator
 from router.feeds import AsyncFeed, Feed
 from router.health import HealthChecks, PoolHealth, probe_for
 from router.metrics import RouterMetrics
@@ -74,7 +75,7 @@ class Router:
             scorer = resolve_scorer(config.policy.classifier)
         self.config = config
         self.pools: dict[str, Pool] = dict(pools or {n: build_pool(n, c) for n, c in config.pools.items()})
-        self.policy = Policy(config.policy, scorer)
+        self.policy = Policy(config.policy, scorer, self._estimator())
         self.metrics = RouterMetrics()
         self.metrics.watch(self.pools)
         self.log = DecisionLog.from_config(config.log, config.redis_url)
@@ -103,6 +104,12 @@ class Router:
     ) -> Router:
         """A YAML config file, or with no path the embedded default (see :func:`router.config.load_config`)."""
         return cls(load_config(path, check_paths=check_paths), scorer=scorer)
+
+    def _estimator(self) -> LoadEstimator | None:
+        """What ``objective: time_saved`` weighs speedups against: the pools' load, read at every decision."""
+        if self.config.policy.objective != "time_saved":
+            return None
+        return LoadEstimator.for_pools(self.config, {name: pool.load for name, pool in self.pools.items()})
 
     def route(self, **args: Any) -> Decision:
         """The decision for these arguments, without generating: nothing is counted, logged or loaded."""

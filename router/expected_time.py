@@ -1,0 +1,185 @@
+"""The ``time_saved`` objective: a request's expected time on the DSpark and on the standard pool as they are
+loaded right now, so the request goes where it finishes first.
+
+For a pool whose target has a steps-per-second profile (``dspark_sps.json``, SPS(n) for a forward of n tokens):
+
+    expected_time = (queued / slots + 1) * tokens / rate(b)
+
+with b the batch the request would join. A standard request decodes one token per forward of a batch of b
+one-token rows, so rate(b) = SPS(b). A DSpark request decodes s(b) times faster, where the solo speedup s(1)
+the expected-gain model predicts shrinks once the batch fills the machine, because every row verifies k + 1
+tokens (``verify_tokens``) and a forward of b (k + 1) tokens costs more than one of b:
+
+    s(b) = max(floor, s(1) * [SPS(b (k + 1)) / SPS(b)] / [SPS(k + 1) / SPS(1)])
+
+This is the DSpark paper's load-aware verification budget one level up: the scheduler verifies less as the batch
+grows, the router sends a DSpark pool fewer of the subtasks it barely speeds up. On an idle pool every subtask
+with s(1) > 1 goes to DSpark; on a full one only those that still gain after the load's toll. The queue term
+takes the request's own length as the others' (a queue of q drains in q / slots batches).
+
+A pool without a profile (a remote engine) gets a plain depth-based estimate: ``tokens_per_s`` (else the pair's
+profiled SPS(1) or the other pool's ``tokens_per_s``, else 1 token/s: a common unit, and the decision then
+reports its saving as a share, not in seconds), times s(1) on the DSpark side, slowed by (depth / slots + 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
+from router.config import PoolConfig, RouterConfig
+from router.decisions import PoolSeen
+from router.errors import ConfigError
+from router.load import PoolLoad
+
+DEFAULT_VERIFY_TOKENS = 4.0
+"""k + 1 for a DSpark pool before it has decoded a request alone: the span heads' longest span."""
+
+
+@dataclass(frozen=True)
+class PoolCost:
+    """What a pool's decode rate under load is estimated from (``pools.NAME.load``)."""
+
+    sps: SpsCurve | None = None
+    verify_tokens: float | None = None
+    speedup_floor: float = 0.0
+    tokens_per_s: float | None = None
+
+    @classmethod
+    def from_config(cls, name: str, pool: PoolConfig) -> PoolCost:
+        settings = pool.load
+        return cls(
+            sps=_profile(name, pool),
+            verify_tokens=settings.verify_tokens,
+            speedup_floor=settings.speedup_floor,
+            tokens_per_s=settings.tokens_per_s,
+        )
+
+
+def _profile(name: str, pool: PoolConfig) -> SpsCurve | None:
+    """The pool's curve: ``auto`` reads the local model folder's profile when there is one; a named file must
+    hold one. With curves of several machines, the last one stored (the most recently profiled machine). Made
+    monotone: a profile taken on a busy machine has slow outliers that would read as cheap long forwards."""
+    setting = pool.load.profile
+    if setting is None:
+        return None
+    explicit = setting != "auto"
+    if not explicit and not pool.local:
+        return None
+    file = Path(setting) if explicit else Path(pool.model) / PROFILE_FILE
+    if not explicit and not file.is_file():
+        return None
+    try:
+        curves = json.loads(file.read_text(encoding="utf-8"))
+        return SpsCurve.from_stored(list(curves.values())[-1]).monotone()
+    except (OSError, ValueError, TypeError, AttributeError, IndexError) as exc:
+        raise ConfigError(
+            f"pools.{name}.load.profile", f"{str(file)!r} holds no steps-per-second curve ({exc})"
+        ) from None
+
+
+@dataclass(frozen=True)
+class PoolSide:
+    name: str
+    load: Callable[[], PoolLoad]
+    cost: PoolCost
+
+
+@dataclass(frozen=True)
+class Verdict:
+    pool: str
+    seen: dict[str, PoolSeen]
+    reason: str
+
+
+class LoadEstimator:
+    """Compares one request's expected time on the two pools; stateless, so decisions from many threads at once
+    need no lock, and the same loads always give the same verdict."""
+
+    def __init__(self, dspark: PoolSide, standard: PoolSide) -> None:
+        self.dspark, self.standard = dspark, standard
+        sides = (standard, dspark)
+        known = [side.cost.sps.at(1) for side in sides if side.cost.sps is not None]
+        known += [side.cost.tokens_per_s for side in sides if side.cost.tokens_per_s is not None]
+        self._unit_rate = known[0] if known else 1.0
+        self._in_seconds = bool(known)
+
+    @classmethod
+    def for_pools(cls, config: RouterConfig, loads: Mapping[str, Callable[[], PoolLoad]]) -> LoadEstimator:
+        """The policy's dspark and standard pools, each read through ``loads[name]``."""
+
+        def side(name: str) -> PoolSide:
+            return PoolSide(name, loads[name], PoolCost.from_config(name, config.pools[name]))
+
+        return cls(side(config.policy.dspark_pool), side(config.policy.standard_pool))
+
+    def choose(self, solo_speedup: float, tokens: int) -> Verdict:
+        """Where a request of ``tokens`` tokens with this solo speedup is expected to finish first; the standard
+        pool on a tie (DSpark must gain something)."""
+        dspark_load, standard_load = self.dspark.load(), self.standard.load()
+        speedup = self._speedup_at(solo_speedup, dspark_load)
+        dspark = self._seen(dspark_load, self.dspark.cost, tokens, speedup)
+        standard = self._seen(standard_load, self.standard.cost, tokens, None)
+        to_dspark = _time(dspark) < _time(standard)
+        winner, loser = (self.dspark.name, self.standard.name) if to_dspark else (self.standard.name, self.dspark.name)
+        seen = {self.dspark.name: dspark, self.standard.name: standard}
+        saving = _saving(seen[loser], seen[winner], self._in_seconds)
+        reason = (
+            f"expected {solo_speedup:.2f}x solo, {speedup:.2f}x at {self.dspark.name} {_batch(dspark)} "
+            f"vs {self.standard.name} {_batch(standard)}: {winner} saves {saving}"
+        )
+        return Verdict(winner, seen, reason)
+
+    def _speedup_at(self, solo: float, load: PoolLoad) -> float:
+        """s(b) for the batch the request would join; the solo speedup where there is no profile to scale it."""
+        sps = self.dspark.cost.sps
+        if sps is None:
+            return solo
+        verify = self.dspark.cost.verify_tokens or load.solo_tokens_per_forward or DEFAULT_VERIFY_TOKENS
+        batch = load.batch
+        loaded = sps.at(max(batch, round(batch * verify))) / sps.at(batch)
+        alone = sps.at(max(1, round(verify))) / sps.at(1)
+        return max(self.dspark.cost.speedup_floor, solo * loaded / alone)
+
+    def _seen(self, load: PoolLoad, cost: PoolCost, tokens: int, speedup: float | None) -> PoolSeen:
+        gain = 1.0 if speedup is None else speedup
+        expected: float | None
+        if load.slots == 0:  # no live worker: nothing there would ever answer
+            expected = None
+        elif cost.sps is not None:
+            expected = (load.queued / load.slots + 1) * tokens / (cost.sps.at(load.batch) * gain)
+        else:
+            expected = (load.depth / load.slots + 1) * tokens / ((cost.tokens_per_s or self._unit_rate) * gain)
+        return PoolSeen(
+            depth=load.depth,
+            running=load.running,
+            workers=load.workers,
+            max_batch=load.max_batch,
+            batch=load.batch,
+            speedup=speedup,
+            expected_s=expected,
+        )
+
+
+def _time(seen: PoolSeen) -> float:
+    return math.inf if seen.expected_s is None else seen.expected_s
+
+
+def _batch(seen: PoolSeen) -> str:
+    queued = seen.depth - seen.running
+    return f"batch {seen.batch}/{seen.max_batch}" + (f" +{queued} queued" if queued > 0 else "")
+
+
+def _saving(slower: PoolSeen, faster: PoolSeen, in_seconds: bool) -> str:
+    """The expected saving, in seconds where some rate is known, else as a share of the slower pool's time."""
+    if slower.expected_s is None:
+        return "everything (the other pool has no live worker)"
+    if faster.expected_s is None:
+        return "nothing (neither pool has a live worker)"
+    saved = slower.expected_s - faster.expected_s
+    share = saved / slower.expected_s if slower.expected_s > 0 else 0.0
+    return f"{saved:.2f} s ({share:.0%})" if in_seconds else f"{share:.0%} (relative: no profile or tokens_per_s)"

@@ -1,0 +1,257 @@
+"""Load-aware routing (``policy.objective: time_saved``): a marginal subtask goes to DSpark while its pool is idle
+and to the standard pool once DSpark's batch is full; a large gain survives load; decisions are deterministic;
+pools report their load; bad settings are refused by key.
+
+Loads are given as data (the estimator reads them through callables, as the router reads its pools), on a
+synthetic cost curve: memory-bound (flat) up to 8 tokens a forward, compute-bound beyond.
+"""
+
+# ruff: noqa: F811 - the shared fixtures are imported by name and then requested as arguments
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
+from router.config import PolicyConfig, PoolConfig
+from router.errors import ConfigError, RoutingError
+from router.expected_time import LoadEstimator, PoolCost, PoolSide
+from router.load import PoolLoad
+from router.policy import Policy
+from router.redis_jobs import PoolKeys, WorkerLoad
+from router.redis_pool import RedisPool
+from router.request import parse_openai_args
+from tests.test_router_support import (  # noqa: F401
+    MESSAGES,
+    MetadataScorer,
+    config_data,
+    copy_model,
+    make_router,
+    router_models,
+    saturated,
+)
+
+CURVE = SpsCurve({1: 100.0, 2: 100.0, 4: 100.0, 8: 100.0, 16: 50.0, 32: 25.0, 64: 12.5})
+IDLE = PoolLoad(depth=0, running=0, workers=1, max_batch=16)
+FULL = PoolLoad(depth=24, running=16, workers=1, max_batch=16)
+BUSY = PoolLoad(depth=3, running=3, workers=1, max_batch=16)  # a newcomer makes a batch of 4: 16 tokens a forward
+POOLS = frozenset({"dspark", "standard"})
+MARGINAL, LARGE = 1.2, 3.0
+
+
+class GainScorer:
+    """A real scorer with an expected-gain model: the speedup a request carries in ``metadata.gain``."""
+
+    predicts_speedup = True
+
+    def score(self, request: dict[str, Any]) -> float:
+        return 0.5
+
+    def expected_speedup(self, request: dict[str, Any]) -> float:
+        return float(request["metadata"]["gain"])
+
+
+def policy(dspark: PoolLoad, standard: PoolLoad, *, seed: int = 0, explore: float = 0.0, **cost: Any) -> Policy:
+    estimator = LoadEstimator(
+        PoolSide("dspark", lambda: dspark, PoolCost(sps=CURVE, **cost)),
+        PoolSide("standard", lambda: standard, PoolCost(sps=CURVE)),
+    )
+    config = PolicyConfig(objective="time_saved", seed=seed, explore=explore)
+    return Policy(config, GainScorer(), estimator)
+
+
+def decide(chosen: Policy, gain: float, **args: Any):
+    return chosen.decide(parse_openai_args({"messages": MESSAGES, "metadata": {"gain": gain}, **args}, POOLS))
+
+
+def test_a_marginal_subtask_goes_to_dspark_while_it_is_idle_and_to_standard_when_it_is_saturated():
+    idle = decide(policy(IDLE, IDLE), MARGINAL, max_tokens=64)
+    assert (idle.pool, idle.rule, idle.expected_speedup) == ("dspark", "time_saved", MARGINAL)
+    assert idle.load["dspark"].expected_s == pytest.approx(64 / (100 * MARGINAL))
+    assert idle.load["standard"].expected_s == pytest.approx(64 / 100)
+    assert idle.reason.startswith("expected 1.20x solo, 1.20x at dspark batch 1/16 vs standard batch 1/16")
+    full = decide(policy(FULL, IDLE), MARGINAL)
+    assert full.pool == "standard"
+    assert full.load["dspark"].model_dump() | {"expected_s": None} == {
+        "depth": 24,
+        "running": 16,
+        "workers": 1,
+        "max_batch": 16,
+        "batch": 16,
+        "speedup": pytest.approx(MARGINAL * (12.5 / 50) / 1.0),  # 64-token forwards of a batch of 16
+        "expected_s": None,
+    }
+    assert "dspark batch 16/16 +8 queued vs standard batch 1/16: standard saves" in full.reason
+
+
+def test_under_load_only_the_subtasks_that_gain_most_go_to_dspark():
+    busy = policy(BUSY, IDLE)
+    assert decide(busy, MARGINAL).pool == "standard"  # 1.2x at 16 tokens a row-batch: 0.6x
+    assert decide(busy, LARGE).pool == "dspark"  # 3x: still 1.5x
+    # Both full, in compute-bound forwards: 4 tokens a row cost 4 times 1, more than even a 3x gain wins back.
+    assert decide(policy(FULL, FULL), LARGE).pool == "standard"
+    assert decide(policy(IDLE, IDLE), 0.9).pool == "standard"  # a loss on an idle pool is still a loss
+
+
+def test_a_speedup_floor_and_a_fixed_verification_length_are_honoured():
+    assert decide(policy(FULL, FULL, speedup_floor=1.1), MARGINAL).load["dspark"].speedup == 1.1
+    # Verifying 2 tokens a row keeps a batch of 4 memory-bound: no toll.
+    assert decide(policy(BUSY, IDLE, verify_tokens=2.0), MARGINAL).pool == "dspark"
+
+
+def test_measured_solo_verification_length_is_used_when_none_is_configured():
+    short = PoolLoad(depth=3, running=3, workers=1, max_batch=16, solo_tokens_per_forward=2.0)
+    assert decide(policy(short, IDLE), MARGINAL).pool == "dspark"
+
+
+def test_without_a_profile_the_estimate_is_depth_based():
+    def unprofiled(dspark: PoolLoad, standard: PoolLoad) -> Policy:
+        estimator = LoadEstimator(
+            PoolSide("dspark", lambda: dspark, PoolCost()), PoolSide("standard", lambda: standard, PoolCost())
+        )
+        return Policy(PolicyConfig(objective="time_saved"), GainScorer(), estimator)
+
+    assert decide(unprofiled(IDLE, IDLE), MARGINAL).pool == "dspark"
+    deep = PoolLoad(depth=32, running=16, workers=1, max_batch=16)
+    decision = decide(unprofiled(deep, IDLE), MARGINAL)
+    assert decision.pool == "standard" and decision.load["dspark"].speedup == MARGINAL
+
+
+def test_a_pool_without_live_workers_is_never_expected_to_answer():
+    gone = PoolLoad(depth=2, running=0, workers=0, max_batch=16)
+    decision = decide(policy(gone, FULL), LARGE)
+    assert decision.pool == "standard" and decision.load["dspark"].expected_s is None
+    assert "the other pool has no live worker" in decision.reason
+
+
+def test_decisions_are_deterministic_for_a_seed():
+    loads = [IDLE, BUSY, FULL, BUSY, IDLE] * 20
+
+    def run(seed: int) -> list[tuple[str, bool]]:
+        state = iter(loads)
+        estimator = LoadEstimator(
+            PoolSide("dspark", lambda: next(state), PoolCost(sps=CURVE)),
+            PoolSide("standard", lambda: IDLE, PoolCost(sps=CURVE)),
+        )
+        chosen = Policy(PolicyConfig(objective="time_saved", seed=seed, explore=0.3), GainScorer(), estimator)
+        return [(d.pool, d.explored) for d in (decide(chosen, 1.5) for _ in loads)]
+
+    first = run(seed=3)
+    assert run(seed=3) == first
+    assert run(seed=4) != first
+    assert {explored for _, explored in first} == {True, False}
+
+
+def test_the_batch_a_request_would_join():
+    assert IDLE.batch == 1 and BUSY.batch == 4 and FULL.batch == 16 and FULL.queued == 8
+    assert PoolLoad(depth=5, running=5, workers=2, max_batch=16).batch == 3
+    assert PoolLoad(depth=0, running=0, workers=0, max_batch=8).batch == 8
+
+
+def test_a_noisy_profile_is_made_monotone():
+    noisy = SpsCurve({1: 300.0, 2: 120.0, 4: 280.0, 8: 200.0, 16: 90.0})
+    assert noisy.monotone().steps_per_s == {1: 300.0, 2: 280.0, 4: 280.0, 8: 200.0, 16: 90.0}
+
+
+def test_time_saved_needs_an_expected_gain_model():
+    with pytest.raises(ConfigError) as info:
+        Policy(PolicyConfig(objective="time_saved"), MetadataScorer(), None)
+    assert info.value.param == "policy.classifier"
+    with pytest.raises(ConfigError) as info:
+        Policy(PolicyConfig(objective="time_saved"), GainScorer(), None)
+    assert info.value.param == "policy.objective"
+
+
+class WildScorer(GainScorer):
+    def expected_speedup(self, request: dict[str, Any]) -> float:
+        return float("nan")
+
+
+def test_a_speedup_that_is_not_a_positive_number_is_a_routing_error():
+    chosen = Policy(PolicyConfig(objective="time_saved"), WildScorer(), policy(IDLE, IDLE).estimator)
+    with pytest.raises(RoutingError, match="positive number"):
+        decide(chosen, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("policy_settings", "pool_load", "key"),
+    [
+        ({"objective": "fastest"}, {}, "policy.objective"),
+        ({"objective": "time_saved", "classifier": None}, {}, "policy.objective"),
+        ({}, {"speedup_floor": -1}, "pools.dspark.load.speedup_floor"),
+        ({}, {"verify_tokens": 0.5}, "pools.dspark.load.verify_tokens"),
+        ({}, {"tokens_per_s": 0}, "pools.dspark.load.tokens_per_s"),
+        ({}, {"budget": 3}, "pools.dspark.load.budget"),
+    ],
+)
+def test_bad_load_settings_are_refused_by_key(tmp_path, router_models, policy_settings, pool_load, key):
+    data = config_data(router_models, **policy_settings)
+    data["pools"]["dspark"]["load"] = pool_load
+    with pytest.raises(ConfigError) as info:
+        make_router(tmp_path, data, scorer=GainScorer())
+    assert info.value.param == key
+
+
+def test_a_profile_file_that_holds_no_curve_is_refused_at_start(tmp_path, router_models):
+    (tmp_path / "sps.json").write_text("[1, 2]")
+    data = config_data(router_models, objective="time_saved", classifier="default")
+    data["pools"]["dspark"]["load"] = {"profile": "sps.json"}
+    with pytest.raises(ConfigError) as info:
+        make_router(tmp_path, data, scorer=GainScorer())
+    assert info.value.param == "pools.dspark.load.profile"
+
+
+def test_the_router_reads_its_pools_load_when_it_decides(tmp_path, router_models):
+    """The real in-process pools, one request at a time each: idle, DSpark gets the marginal subtask; held at
+    capacity, the standard pool does. The cost curve is the models' own ``dspark_sps.json`` (``profile: auto``)."""
+    models = {name: copy_model(path, tmp_path / name) for name, path in router_models.items()}
+    for folder in models.values():
+        (folder / PROFILE_FILE).write_text(json.dumps({"machine": {str(k): v for k, v in CURVE.steps_per_s.items()}}))
+    data = config_data(models, objective="time_saved", classifier="default")
+    router = make_router(tmp_path, data, scorer=GainScorer())
+    try:
+        assert router.policy.estimator.dspark.cost.sps == CURVE.monotone()
+        idle = router.route(messages=MESSAGES, metadata={"gain": MARGINAL})
+        assert (idle.pool, idle.rule) == ("dspark", "time_saved")
+        assert idle.load["dspark"].depth == 0 and idle.load["dspark"].max_batch == 1
+        with saturated(router, "dspark"):
+            busy = router.route(messages=MESSAGES, metadata={"gain": MARGINAL})
+        assert busy.pool == "standard" and busy.load["dspark"].depth == router.pools["dspark"].capacity
+        result = router.complete(messages=MESSAGES, metadata={"gain": MARGINAL}, max_tokens=4, temperature=0)
+        assert result.decision.rule == "time_saved" and result.decision.expected_speedup == MARGINAL
+    finally:
+        router.close()
+
+
+def test_in_process_pools_measure_what_a_lone_request_feeds_a_forward(tmp_path, router_models):
+    router = make_router(tmp_path, config_data(router_models), scorer=None)
+    try:
+        assert router.pools["dspark"].load().solo_tokens_per_forward is None
+        router.complete(messages=MESSAGES, max_tokens=12, temperature=0, model="dspark-router/dspark")
+        router.complete(messages=MESSAGES, max_tokens=12, temperature=0, model="dspark-router/standard")
+        assert router.pools["dspark"].load().solo_tokens_per_forward >= 1.0
+        assert router.pools["standard"].load().solo_tokens_per_forward == pytest.approx(1.0)
+        assert router.pools["standard"].load() == PoolLoad(0, 0, 1, 1, pytest.approx(1.0))
+    finally:
+        router.close()
+
+
+def test_a_redis_pool_reports_the_load_its_workers_heartbeat(redis_url):
+    config = PoolConfig(
+        backend="autoregressive", model="remote", transport="redis", redis_url=redis_url, max_batch=8,
+        redis={"prefix": f"load-{time.time_ns()}"},
+    )  # fmt: skip
+    pool = RedisPool("remote", config)
+    assert pool.load() == PoolLoad(depth=0, running=0, workers=0, max_batch=8)
+    client, keys = redis.Redis.from_url(redis_url), PoolKeys(config.redis.prefix, "remote")
+    for worker, running in (("a", 3), ("b", 1)):
+        client.zadd(keys.workers, {worker: time.time()})
+        client.hset(keys.load, worker, WorkerLoad(running=running, concurrency=4).model_dump_json())
+    client.xadd(keys.jobs, {"job": "{}"})
+    time.sleep(0.3)  # past the cache of the workers' heartbeats
+    assert pool.load() == PoolLoad(depth=1, running=4, workers=2, max_batch=4)
