@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import NamedTuple
 
-from benchmarks import batching, decode, gateway, pools, quality, route, structured
+from benchmarks import batching, decode, gateway, pools, quality, route, structured, suite, workload
 
 
 class Benchmark(NamedTuple):
@@ -52,10 +52,20 @@ BENCHMARKS: dict[str, Benchmark] = {
         route.add_arguments,
         route.run,
     ),
+    "workload": Benchmark(
+        "a mixed agent workload arriving open loop at rising rates, through the router under each policy",
+        workload.add_arguments,
+        workload.run,
+    ),
     "gateway": Benchmark(
         "the REST gateway's added latency, time to first token and /v1/route throughput, against in-process calls",
         gateway.add_arguments,
         gateway.run,
+    ),
+    "all": Benchmark(
+        "every benchmark above with the published arguments, then BENCHMARKS.md from their JSON (make bench)",
+        suite.add_arguments,
+        suite.run,
     ),
 }
 

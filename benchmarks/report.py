@@ -1,0 +1,341 @@
+"""BENCHMARKS.md from the JSON every benchmark writes: the tables are rendered, never typed, so the document
+cannot drift from the run it describes. What no JSON holds (what the published figures mean, and how far they
+compare) is the hand-written ``published.md`` beside this module, appended as it is.
+
+Each section renders one benchmark's JSON and is left out, with a line saying so, when that file is missing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PUBLISHED = Path(__file__).with_name("published.md")
+PAPER_ACCEPTED = {"gsm8k": 6.11, "math500": 5.70, "humaneval": 5.38, "mbpp": 5.13, "mt-bench": 3.64}
+"""The DSpark paper's accepted length per round (Qwen3-4B target, gamma 7, temperature 1.0)."""
+
+WORKLOAD_PLOTS = ("latency_vs_rate", "throughput_vs_speed", "speedup_by_group", "predicted_vs_measured", "dspark_share")
+Cell = str | float | int | None
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Cell]], digits: int = 2) -> str:
+    """A markdown table; numbers right-aligned and rounded, None as a dash."""
+
+    def cell(value: Cell) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, int):  # bools too
+            return str(value)
+        if isinstance(value, float):
+            return f"{value:,.{digits}f}"
+        return value
+
+    align = ["---" if i == 0 else "---:" for i in range(len(headers))]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join(align) + " |"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _image(results: Path, name: str, base: Path, alt: str) -> str:
+    path = results / name
+    return f"![{alt}]({os.path.relpath(path, base)})" if path.is_file() else ""
+
+
+def quality(data: dict, results: Path, base: Path) -> str:
+    greedy = data["modes"]["greedy"]
+    rows = [
+        [kind, k.get("exact"), k.get("json_fields"), k.get("code_parses"), k.get("tool_args"), k.get("distinct_2")]
+        for kind, k in greedy["kinds"].items()
+    ]
+    overall = [(mode, m["overall"]) for mode, m in data["modes"].items()]
+    summary = [
+        [mode, o["exact_overall"], o["exact_every_kind"], o["json_fields"], o["code_parses"], o["tool_args"]]
+        for mode, o in overall
+    ]
+    return "\n\n".join(
+        [
+            f"Held-out seed {data['seed']}, {data['per_kind']} subtasks per kind, greedy:",
+            table(["kind", "exact", "JSON fields", "code parses", "tool args", "distinct-2"], rows),
+            table(["mode", "exact overall", "worst kind", "JSON fields", "code parses", "tool args"], summary),
+        ]
+    )
+
+
+def decode(data: dict, results: Path, base: Path) -> str:
+    rows = []
+    for name, entry in data["sets"].items():
+        tps = entry["tokens_per_s"]
+        for drafter, d in entry["drafters"].items():
+            rows.append(
+                [
+                    name,
+                    drafter,
+                    tps["ar"],
+                    tps["hf_greedy"],
+                    tps.get("hf_prompt_lookup"),
+                    d["tokens_per_s"],
+                    d["speedup"],
+                    d["mean_accepted"],
+                    d.get("mean_verified"),
+                    d["lossless_mismatches"],
+                ]
+            )
+    headers = ["set", "drafter", "AR tok/s", "HF greedy", "HF lookup", "DSpark tok/s", "speedup", "accepted"]
+    parts = [
+        f"{data['prompts']} prompts, at most {data['max_tokens']} tokens, {data['threads']} torch threads; "
+        f"speedup over this project's own autoregressive decoding of the same model, contenders interleaved per "
+        f"prompt; accepted: tokens committed per round, bonus token included; verified: draft tokens verified "
+        f"per round. Greedy DSpark output differed from greedy autoregressive output on "
+        f"**{data['lossless_mismatches']}** prompts.",
+        table([*headers, "verified", "mismatches"], rows, digits=2),
+    ]
+    acceptance = [
+        [name, drafter, *[round(v, 2) if v is not None else None for v in d["conditional_acceptance"][:7]]]
+        for name, entry in data["sets"].items()
+        for drafter, d in entry["drafters"].items()
+        if d.get("conditional_acceptance")
+    ]
+    if acceptance:
+        parts += [
+            "Conditional acceptance by block position (position k given 1..k-1 accepted):",
+            table(["set", "drafter", *[f"k={k}" for k in range(1, 8)]], acceptance),
+        ]
+    training = data.get("drafter_training")
+    if training:
+        parts.append(
+            f"Published drafter's confidence: held-out ECE of prefix survival {training['ece_before']:.3f} before "
+            f"Sequential Temperature Scaling, {training['ece_after']:.3f} after."
+        )
+    images = [
+        _image(results, f"decode/{name}.png", base, alt)
+        for name, alt in (
+            ("tokens_per_s", "tokens per second by set and drafter"),
+            ("acceptance_by_position", "conditional acceptance by block position"),
+            ("threshold_sweep", "acceptance rate against a static confidence threshold"),
+            ("reliability", "reliability of prefix survival before and after calibration"),
+        )
+    ]
+    return "\n\n".join(parts + [i for i in images if i])
+
+
+def structured(data: dict, results: Path, base: Path) -> str:
+    backends = data["backends"]
+    names = list(backends)
+    keys = ("valid", "invalid", "truncated", "forced_token_share", "constraint_us_per_token", "greedy_tokens_per_s")
+    rows = [[key.replace("_", " "), *[backends[n][key] for n in names]] for key in keys]
+    return "\n\n".join(
+        [
+            f"{data['schemas']} schemas: {data['compiled']} compiled ({data['compiled_share']:.1%}), "
+            f"{data['refused']} refused with a typed error, {data['prompt_too_long']} prompts too long; one "
+            f"instance per schema greedy and at 0.8, at most {data['max_tokens']} tokens. DSpark speedup with "
+            f"constraints on: {data.get('dspark_speedup_constrained', 0):.2f}x.",
+            table(["", *names], rows),
+        ]
+    )
+
+
+def batching(data: dict, results: Path, base: Path) -> str:
+    contenders = ("batched", "sequential", "dspark_scheduled", "dspark_fixed", "transformers_serve")
+    rows = []
+    for level, entry in data["concurrency"].items():
+        row: list[Cell] = [level]
+        for name in contenders:
+            total, each = entry.get(f"{name}_tokens_per_s"), entry.get(f"{name}_per_request_tokens_per_s")
+            row.append(None if total is None else f"{total:,.0f} ({each:,.0f})")
+        row.append(entry.get("dspark_scheduled_mean_verify_budget"))
+        rows.append(row)
+    headers = ["C", "batched", "one at a time", "DSpark scheduled", "DSpark fixed", "transformers serve", "budget"]
+    return "\n\n".join(
+        [
+            f"Closed loop of C clients, {data['window_s']:g} s per contender and level, {data['workload']} "
+            f"requests (held-out subtasks and shared prompts), greedy, at most {data['max_tokens']} tokens, "
+            f"{data['threads']} threads, drafter `{data['drafter']}`. Total tokens/s (per-request tokens/s); "
+            "budget: mean draft tokens verified per request and round, scheduled.",
+            table(headers, rows),
+            _image(results, "batching.png", base, "throughput against per-request speed"),
+        ]
+    )
+
+
+def route(data: dict, results: Path, base: Path) -> str:
+    cv = data["cross_validation"]
+    rows = [
+        [
+            "test split",
+            data["auroc"],
+            data["oracle_gain_ratio"],
+            data["all_dspark_gain_ratio"],
+            data["p50_us"],
+            data["p99_us"],
+        ],
+        [f"{cv['folds']} folds by template", cv["auroc_mean"], cv["oracle_gain_ratio_mean"], None, None, None],
+    ]
+    return "\n\n".join(
+        [
+            f"{data['subtasks']} held-out subtasks; label: measured speedup >= {data['margin']}; routed at the "
+            f"calibrated threshold {data['threshold']:.2f}.",
+            table(["", "AUROC", "oracle gain", "all-DSpark gain", "scoring p50 µs", "p99 µs"], rows),
+            _image(results, "route.png", base, "ROC and score against measured speedup"),
+        ]
+    )
+
+
+def workload(data: dict, results: Path, base: Path) -> str:
+    rows = []
+    for rate in data["rates"]:
+        for policy in data["policies"]:
+            r = data["results"][policy][rate]
+            rows.append(
+                [
+                    rate,
+                    policy,
+                    r.get("requests_per_s"),
+                    r.get("tokens_per_s"),
+                    r.get("mean_latency_s"),
+                    r.get("p50_latency_s"),
+                    r.get("p95_latency_s"),
+                    r.get("p99_latency_s"),
+                    r.get("dspark_share"),
+                    r.get("greedy_mismatches"),
+                ]
+            )
+    headers = ["rate", "policy", "req/s", "tok/s", "mean s", "p50 s", "p95 s", "p99 s", "to DSpark", "mismatch"]
+    w = data["workload"]
+    images = [
+        _image(results, f"workload/{name}.png", base, name.replace("_", " "))
+        for name in (
+            "latency_vs_rate",
+            "throughput_vs_speed",
+            "speedup_by_group",
+            "predicted_vs_measured",
+            "dspark_share",
+        )
+    ]
+    return "\n\n".join(
+        [
+            f"{w['requests']} requests ({w['subtasks']} held-out subtasks, {w['prompts']} shared prompts), "
+            f"Poisson arrivals at multiples {', '.join(f'{m:g}' for m in data['rate_multiples'])} of one worker's "
+            f"capacity ({data['single_worker_requests_per_s']:.2f} req/s); rate in requests per second.",
+            table(headers, rows),
+            *[i for i in images if i],
+        ]
+    )
+
+
+def pools(data: dict, results: Path, base: Path) -> str:
+    rows = [
+        [
+            name,
+            c["requests_per_s"],
+            c["tokens_per_s"],
+            c["p50_latency_ms"],
+            c["p95_latency_ms"],
+            data["sequential"][name]["p50_latency_ms"],
+            data["sequential"][name]["ttft_p50_ms"],
+        ]
+        for name, c in data["concurrent"].items()
+    ]
+    hop = data.get("redis_hop", {})
+    return "\n\n".join(
+        [
+            f"{data['requests']} held-out greedy subtasks, closed loop of {data['concurrency']} clients, median of "
+            f"{data['rounds']} rounds. The Redis hop, one request at a time: "
+            f"+{hop.get('per_request_ms', 0):.1f} ms per request, +{hop.get('ttft_ms', 0):.1f} ms to the first token.",
+            table(["contender", "req/s", "tok/s", "p50 ms", "p95 ms", "sequential p50 ms", "TTFT p50 ms"], rows),
+            _image(results, "pools.png", base, "throughput and latency per contender"),
+        ]
+    )
+
+
+def gateway(data: dict, results: Path, base: Path) -> str:
+    rows = [
+        [name, data[key]["in_process"]["p50_ms"], data[key]["gateway"]["p50_ms"], data[key]["added_p50_ms"]]
+        for name, key in (("short completion", "completion"), ("/v1/route", "route"), ("first token (SSE)", "ttft"))
+    ]
+    load = data["route_throughput"]
+    return "\n\n".join(
+        [
+            table(["ms, p50", "in-process", "gateway", "added"], rows),
+            f"`/v1/route` under {load['clients']} keep-alive clients: {load['requests_per_s']:,.0f} requests/s, "
+            f"p99 {load['p99_ms']:.0f} ms, {load['non_200']} errors.",
+        ]
+    )
+
+
+def published(data: dict | None, results: Path, base: Path) -> str:
+    """Our accepted lengths on the paper's sets beside its figures, then the hand-written comparison."""
+    parts = []
+    if data is not None:
+        rows = []
+        for name, paper in PAPER_ACCEPTED.items():
+            ours = data["sets"].get(f"{name}_t1", {}).get("drafters", {})
+            rows.append([name, paper, *[ours.get(d, {}).get("mean_accepted") for d in ("dspark", "heads")]])
+        parts.append(
+            table(["set (temperature 1)", "paper: DSpark, Qwen3-4B", "ours: dspark drafter", "ours: span heads"], rows)
+        )
+    parts.append(PUBLISHED.read_text().strip())
+    return "\n\n".join(parts)
+
+
+Section = tuple[str, str, Callable[[dict, Path, Path], str]]
+SECTIONS: tuple[Section, ...] = (
+    ("quality", "Answer quality", quality),
+    ("decode", "Decoding speed", decode),
+    ("structured", "Structured output", structured),
+    ("batching", "Batching", batching),
+    ("route", "Routing quality", route),
+    ("workload", "The agent workload", workload),
+    ("pools", "Redis worker pools", pools),
+    ("gateway", "The REST gateway", gateway),
+)
+
+
+def machine() -> str:
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.processor()
+    )
+    return (
+        f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{platform.system()} {platform.release()}"
+    )
+
+
+def _cpuinfo() -> list[str]:
+    path = Path("/proc/cpuinfo")
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def render(results: Path, runs: dict[str, Any], base: Path) -> str:
+    """The whole document; ``runs`` is what ``bench all`` recorded (the machine, and each benchmark's command
+    and time), so the same results always render the same text."""
+    loaded = {name: _load(results / f"{name}.json") for name, _, _ in SECTIONS}
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`dspark-router bench all`) from the JSON in "
+        f"[`{os.path.relpath(results, base)}`]({os.path.relpath(results, base)}); every table below is rendered "
+        "from it. Speedups are ratios of contenders measured side by side in one run, interleaved.",
+        "",
+        f"Machine: {runs.get('machine', 'not recorded')}.",
+        "",
+    ]
+    for name, title, render_section in SECTIONS:
+        run = runs.get("benchmarks", {}).get(name, {})
+        lines += [f"## {title}", ""]
+        if run.get("command"):
+            ran = f" ({run['seconds'] / 60:.1f} min, {run['finished']})" if run.get("finished") else ""
+            lines += [f"`{run['command']}`{ran}", ""]
+        data = loaded[name]
+        lines += [render_section(data, results, base) if data is not None else f"No `{name}.json` in this run.", ""]
+    lines += ["## Against published figures", "", published(loaded["decode"], results, base), ""]
+    return "\n".join(lines)
+
+
+def _load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,0 +1,90 @@
+"""``dspark-router bench all``: every benchmark with the arguments of the published run, then BENCHMARKS.md.
+
+The list below is the one place that says how the published numbers were made: ``make bench`` runs it, and the
+report (:mod:`benchmarks.report`) prints the same commands beside the tables. Each benchmark runs in a process
+of its own, so none inherits another's threads, caches or loaded models, and one that fails is reported and
+does not stop the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks import report
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+PROMPTS = "../shared/data/prompts"
+SUITE_FILE = "suite.json"
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str
+    arguments: tuple[str, ...]
+    """With ``{results}`` for the results folder."""
+
+    def argv(self, results: Path) -> list[str]:
+        return [argument.format(results=results) for argument in self.arguments]
+
+    def command(self) -> str:
+        """As a person would type it from the repository root."""
+        shown = self.argv(Path("benchmarks/results"))
+        return " ".join(["dspark-router", "bench", self.name, *shown])
+
+
+SUITE: tuple[Step, ...] = (
+    Step("quality", ("--json", "{results}/quality.json")),
+    Step("decode", ("--prompts", PROMPTS, "--json", "{results}/decode.json", "--plots", "{results}/decode")),
+    Step("structured", ("--max-tokens", "160", "--json", "{results}/structured.json")),
+    Step("route", ("--json", "{results}/route.json", "--plot", "{results}/route.png")),
+    Step(
+        "batching",
+        ("--prompts", PROMPTS, "--json", "{results}/batching.json", "--plot", "{results}/batching.png"),
+    ),
+    Step("workload", ("--json", "{results}/workload.json", "--plots", "{results}/workload")),
+    Step("pools", ("--json", "{results}/pools.json", "--plot", "{results}/pools.png")),
+    Step("gateway", ("--json", "{results}/gateway.json")),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where every benchmark writes its JSON")
+    parser.add_argument("--only", help="comma-separated benchmarks to run (default: all)")
+    parser.add_argument("--report", type=Path, default=REPO / "BENCHMARKS.md", help="the report to write")
+    parser.add_argument("--report-only", action="store_true", help="write the report from the results there")
+
+
+def run(args: argparse.Namespace) -> int:
+    chosen = set(args.only.split(",")) if args.only else {step.name for step in SUITE}
+    unknown = chosen - {step.name for step in SUITE}
+    if unknown:
+        raise SystemExit(f"unknown benchmarks: {', '.join(sorted(unknown))}")
+    args.results.mkdir(parents=True, exist_ok=True)
+    record_file = args.results / SUITE_FILE
+    runs = json.loads(record_file.read_text()) if record_file.is_file() else {}
+    failed = []
+    if not args.report_only:
+        runs["machine"] = report.machine()
+        for step in (s for s in SUITE if s.name in chosen):
+            print(f"== bench {step.name}", flush=True)
+            started = time.perf_counter()
+            code = subprocess.call([sys.executable, "-m", "router", "bench", step.name, *step.argv(args.results)])
+            runs.setdefault("benchmarks", {})[step.name] = {
+                "command": step.command(),
+                "seconds": round(time.perf_counter() - started, 1),
+                "exit_code": code,
+                "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            }
+            record_file.write_text(json.dumps(runs, indent=2) + "\n")
+            if code != 0:
+                failed.append(step.name)
+    args.report.write_text(report.render(args.results, runs, args.report.parent))
+    print(f"wrote {args.report}" + (f"; failed: {', '.join(failed)}" if failed else ""))
+    return 1 if failed else 0
