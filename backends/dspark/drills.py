@@ -39,13 +39,20 @@ _SYSTEM = {
     "repeat": "You rewrite text exactly as instructed.",
 }
 _ASK_EXAMPLE = ("Give one JSON example of {}", "Write a JSON {} object.", "Fill in {} as JSON.", "{}")
-_FORMATS: dict[str, Callable[[random.Random], str]] = {
-    "date": lambda rng: str(_value(rng, "date")),
-    "date-time": lambda rng: f"{_value(rng, 'date')}T{_value(rng, 'time')}:00Z",
-    "email": lambda rng: str(_value(rng, "email")),
-    "uri": lambda rng: f"https://{_word(rng)}.{rng.choice(('com', 'org', 'io'))}/{_word(rng)}",
-    "uuid": lambda rng: "-".join(f"{rng.getrandbits(4 * n):0{n}x}" for n in (8, 4, 4, 4, 12)),
+_PLACEHOLDERS = {
+    "string": ("example", "string", "text", "abc", "value", "test", "none"),
+    "integer": (0, 1, 2, 5, 10, 100),
+    "number": (0, 1, 0.5, 1.5, 10.0),
+    "date": ("2024-01-01", "2025-06-30", "2020-12-31"),
+    "date-time": ("2024-01-01T00:00:00Z", "2025-06-30T12:00:00Z"),
+    "email": ("user@example.com", "name@example.org"),
+    "uri": ("https://example.com", "https://example.org/path"),
+    "uuid": ("00000000-0000-0000-0000-000000000000", "123e4567-e89b-12d3-a456-426614174000"),
 }
+"""What a schema drill answers where the prompt holds no value to copy: a handful of plain placeholders, never
+random numbers or words. A drill that invented values taught the model that the numbers of a JSON answer are
+its to make up, and its extractions then got dates, prices and salaries wrong (JSON fields 0.79 on held-out
+subtasks against 1.00 without the drills)."""
 
 
 def _word(rng: random.Random) -> str:
@@ -118,13 +125,14 @@ def _repeat_drill(rng: random.Random) -> tuple[str, str, str]:
     return "repeat", f"Repeat exactly: {text}", text
 
 
-def _schema_and_instance(rng: random.Random, depth: int) -> tuple[dict[str, Any], Any]:
-    """A random subschema of the shapes real schemas use most, and one short value it admits."""
+def _schema_and_instance(rng: random.Random, depth: int, key: str) -> tuple[dict[str, Any], Any]:
+    """A random subschema of the shapes real schemas use most, and one short value it admits: a listed value
+    copied from the schema, the key's own name, or a placeholder."""
     roll = rng.random()
     if depth < 2 and roll < 0.15:
         return _object_schema(rng, depth + 1)
     if depth < 2 and roll < 0.3:
-        items, value = _schema_and_instance(rng, depth + 1)
+        items, value = _schema_and_instance(rng, depth + 1, key)
         return {"type": "array", "items": items}, [value] if rng.random() < 0.7 else []
     if roll < 0.45:
         values = [_word(rng) for _ in range(rng.randint(2, 4))]
@@ -132,24 +140,24 @@ def _schema_and_instance(rng: random.Random, depth: int) -> tuple[dict[str, Any]
     if roll < 0.6:
         low = rng.choice((0, 1, 0, -10))
         schema = {"type": "integer"} | ({"minimum": low} if rng.random() < 0.4 else {})
-        return schema, rng.choice((low + 1, rng.randint(max(low, 0), 100), rng.randint(1, 2024)))
+        return schema, max(low, rng.choice(_PLACEHOLDERS["integer"]))
     if roll < 0.68:
-        return {"type": "number"}, rng.choice((round(rng.uniform(0, 100), rng.randint(1, 2)), rng.randint(0, 50)))
+        return {"type": "number"}, rng.choice(_PLACEHOLDERS["number"])
     if roll < 0.76:
         return {"type": "boolean"}, rng.random() < 0.5
     if roll < 0.84:
-        name = rng.choice(list(_FORMATS))
-        return {"type": "string", "format": name}, _FORMATS[name](rng)
+        name = rng.choice(("date", "date-time", "email", "uri", "uuid"))
+        return {"type": "string", "format": name}, rng.choice(_PLACEHOLDERS[name])
     if roll < 0.87:
         return {"type": "null"}, None
-    return {"type": "string"}, str(_value(rng, rng.choice(KEYS)))
+    return {"type": "string"}, key if rng.random() < 0.3 else rng.choice(_PLACEHOLDERS["string"])
 
 
 def _object_schema(rng: random.Random, depth: int) -> tuple[dict[str, Any], dict[str, Any]]:
     keys = list(dict.fromkeys(rng.sample(KEYS, rng.randint(1, 4)) + [_word(rng) for _ in range(rng.randint(0, 1))]))
     properties, instance = {}, {}
     for key in keys:
-        properties[key], instance[key] = _schema_and_instance(rng, depth)
+        properties[key], instance[key] = _schema_and_instance(rng, depth, key)
     required = [key for key in keys if rng.random() < 0.6]
     schema: dict[str, Any] = {"type": "object", "properties": properties}
     if required:
