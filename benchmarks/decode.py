@@ -24,7 +24,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
 from pathlib import Path
 
@@ -36,6 +36,7 @@ from backends.dspark.drafter_config import CONFIG_FILE as DRAFTER_CONFIG_FILE
 from backends.dspark.drafter_config import DRAFTER_DIR
 from backends.dspark.drafter_train import REPORT_FILE as TRAIN_REPORT_FILE
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
+from backends.dspark.profile import measure_round
 from backends.loading import load_model, prompt_ids
 from backends.progress import JobProgress
 from backends.types import DSparkOptions, GenerationRequest, SpanStats
@@ -169,6 +170,13 @@ class Contenders:
             return decode_probe.probe_heads(self.dspark.model, sequence, len(prompt), self.dspark.policy.longest - 1)
         return decode_probe.probe_dspark(self.dspark.loaded, self.dspark.drafter, sequence, len(prompt))
 
+    def round_costs(self) -> dict[str, float] | None:
+        """Where a published-drafter round's time goes on this machine (the target's step and verification, the
+        drafter's parts), to read the speedups against; None without that drafter."""
+        if "dspark" not in self.drafters:
+            return None
+        return asdict(measure_round(self.dspark.loaded, self.dspark.drafter, repeats=20))
+
     def verified_at(self, drafter: str) -> decode_probe.VerifiedAt:
         if drafter == "heads":
             return lambda threshold, scores: decode_probe.heads_verified(self.dspark.policy, threshold, scores)
@@ -260,6 +268,7 @@ def run_benchmark(model: Path, draft: Path | None, sets: list[PromptSet], drafte
         "sets": report_sets,
         "probe": {d: decode_probe.summary(rows, contenders.verified_at(d)) for d, rows in probes.items() if rows},
         "drafter_training": drafter_training_report(model),
+        "round_costs_ms": contenders.round_costs(),
     }
 
 

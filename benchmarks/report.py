@@ -106,6 +106,14 @@ def decode(data: dict, results: Path, base: Path) -> str:
             "Conditional acceptance by block position (position k given 1..k-1 accepted):",
             table(["set", "drafter", *[f"k={k}" for k in range(1, 8)]], acceptance),
         ]
+    costs = data.get("round_costs_ms")
+    if costs:
+        parts += [
+            "Where a published-drafter round's time goes here (ms, median, whole block drafted):",
+            table(
+                ["part", "ms"], [[name.removesuffix("_ms").replace("_", " "), value] for name, value in costs.items()]
+            ),
+        ]
     training = data.get("drafter_training")
     if training:
         parts.append(

@@ -8,9 +8,10 @@ For a pool whose target has a steps-per-second profile (``dspark_sps.json``, SPS
 with b the batch the request would join. A standard request decodes one token per forward of a batch of b
 one-token rows, so rate(b) = SPS(b). A DSpark request decodes s(b) times faster, where the solo speedup s(1)
 the expected-gain model predicts shrinks once the batch fills the machine, because every row verifies k + 1
-tokens (``verify_tokens``) and a forward of b (k + 1) tokens costs more than one of b:
+tokens (``verify_tokens``), a forward of b (k + 1) tokens costs more than one of b, and the published drafter
+runs once per request, d seconds each (``PoolLoad.draft_s``; 0 for span heads, which draft inside the forward):
 
-    s(b) = max(floor, s(1) * [SPS(b (k + 1)) / SPS(b)] / [SPS(k + 1) / SPS(1)])
+    s(b) = max(floor, s(1) * SPS(1) * round(1) / (round(b) * SPS(b))),  round(b) = 1 / SPS(b (k + 1)) + b d
 
 This is the DSpark paper's load-aware verification budget one level up: the scheduler verifies less as the batch
 grows, the router sends a DSpark pool fewer of the subtasks it barely speeds up. On an idle pool every subtask
@@ -135,15 +136,22 @@ class LoadEstimator:
         return Verdict(winner, seen, reason)
 
     def _speedup_at(self, solo: float, load: PoolLoad) -> float:
-        """s(b) for the batch the request would join; the solo speedup where there is no profile to scale it."""
+        """s(b) for the batch the request would join; the solo speedup where there is no profile to scale it.
+
+        A DSpark round at batch b costs the forward of b (k + 1) tokens plus b drafter passes (``draft_s`` each,
+        0 for span heads) and yields the request what it yields alone; a plain step costs the forward of b
+        tokens. So s(b) = s(1) * SPS(1) * round(1) / (round(b) * SPS(b)), round(b) = 1/SPS(b (k + 1)) + b d."""
         sps = self.dspark.cost.sps
         if sps is None:
             return solo
         verify = self.dspark.cost.verify_tokens or load.solo_tokens_per_forward or DEFAULT_VERIFY_TOKENS
         batch = load.batch
-        loaded = sps.at(max(batch, round(batch * verify))) / sps.at(batch)
-        alone = sps.at(max(1, round(verify))) / sps.at(1)
-        return max(self.dspark.cost.speedup_floor, solo * loaded / alone)
+
+        def round_s(rows: int) -> float:
+            return 1.0 / sps.at(max(rows, round(rows * verify))) + rows * load.draft_s
+
+        speedup = solo * sps.at(1) * round_s(1) / (round_s(batch) * sps.at(batch))
+        return max(self.dspark.cost.speedup_floor, speedup)
 
     def _seen(self, load: PoolLoad, cost: PoolCost, tokens: int, speedup: float | None) -> PoolSeen:
         gain = 1.0 if speedup is None else speedup

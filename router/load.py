@@ -25,6 +25,9 @@ class PoolLoad:
     solo_tokens_per_forward: float | None = None
     """Tokens a lone request fed each forward pass, as measured on this pool's own passes of one row (a DSpark
     pool's anchor plus verified draft, k + 1, before load shortens it); None until measured, or remote."""
+    draft_s: float = 0.0
+    """Seconds of drafting each request's round costs outside the batched forward (the published drafter runs
+    once per request): what makes long drafts dear once a batch fills, on top of the longer forward."""
 
     @property
     def slots(self) -> int:

@@ -152,6 +152,7 @@ class InProcessPool(Pool):
             workers=self.workers,
             max_batch=self.max_batch,
             solo_tokens_per_forward=self._solo_tokens,
+            draft_s=next((getattr(r, "draft_s", 0.0) for r in self._replicas if r is not None), 0.0),
         )
 
     def submit(self, request: GenerationRequest, on_chunk: OnChunk | None = None) -> Future[GenerationResult]:

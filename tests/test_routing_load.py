@@ -104,6 +104,19 @@ def test_a_speedup_floor_and_a_fixed_verification_length_are_honoured():
     assert decide(policy(BUSY, IDLE, verify_tokens=2.0), MARGINAL).pool == "dspark"
 
 
+def test_a_drafter_that_runs_once_per_request_makes_a_busy_dspark_pool_dearer():
+    """On a flat curve verifying costs nothing, but a drafter pass per request (span heads: none) does: alone it
+    is paid once a round, in a batch of 4 four times."""
+    quick = PoolLoad(depth=3, running=3, workers=1, max_batch=16, solo_tokens_per_forward=2.0)
+    drafting = PoolLoad(depth=3, running=3, workers=1, max_batch=16, solo_tokens_per_forward=2.0, draft_s=0.01)
+    assert decide(policy(quick, IDLE), MARGINAL).load["dspark"].speedup == pytest.approx(MARGINAL)
+    slowed = decide(policy(drafting, IDLE), MARGINAL)
+    # round(1) = 10 ms + 10 ms, round(4) = 10 ms + 40 ms: the solo 1.2x keeps 20/50 of itself
+    assert slowed.load["dspark"].speedup == pytest.approx(MARGINAL * 20 / 50) and slowed.pool == "standard"
+    alone = PoolLoad(depth=0, running=0, workers=1, max_batch=16, solo_tokens_per_forward=2.0, draft_s=0.01)
+    assert decide(policy(alone, IDLE), MARGINAL).pool == "dspark"
+
+
 def test_measured_solo_verification_length_is_used_when_none_is_configured():
     short = PoolLoad(depth=3, running=3, workers=1, max_batch=16, solo_tokens_per_forward=2.0)
     assert decide(policy(short, IDLE), MARGINAL).pool == "dspark"

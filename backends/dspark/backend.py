@@ -22,7 +22,7 @@ from backends.dspark.drafter_config import DRAFTER_DIR
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.heads import SpanHeads
 from backends.dspark.model import DSparkModel
-from backends.dspark.profile import load_or_profile, measure_draft_s
+from backends.dspark.profile import load_or_profile, measure_round
 from backends.dspark.scheduler import VerifySchedule
 from backends.dspark.selection import SpanPolicy
 from backends.engine import BatchLimits
@@ -88,7 +88,7 @@ class DSparkBackend(LocalBackend):
             published = load_drafter(loaded, drafter_dir)
             rows = (limits or BatchLimits()).max_batch
             sps = load_or_profile(path, loaded, rows * (published.block_size + 1))
-            draft_s = measure_draft_s(loaded, published)
+            draft_s = measure_round(loaded, published).draft_s
             schedule = VerifySchedule(sps=sps, verification=verification, draft_s=draft_s)
         policy = None
         if model is not None:
@@ -99,6 +99,12 @@ class DSparkBackend(LocalBackend):
                 verification=verification,
             )
         return cls(model, policy, drafter=published, schedule=schedule, default=drafter, loaded=loaded, limits=limits)
+
+    @property
+    def draft_s(self) -> float:
+        """Seconds of drafting a round costs outside the target's forward: the published drafter's pass; span
+        heads draft inside the forward, so nothing."""
+        return self.schedule.draft_s if self.default == "dspark" else 0.0
 
     def with_options(self, options: DSparkOptions | None) -> DSparkBackend:
         """This backend with a pool's ``decoding`` options as its defaults (a request may still override them)."""

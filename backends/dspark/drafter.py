@@ -136,6 +136,11 @@ class MarkovHead(nn.Module):
     def forward(self, prev_ids: torch.Tensor) -> torch.Tensor:
         return self.markov_w2(self.markov_w1(prev_ids))
 
+    def step(self, base_row: torch.Tensor, previous: int) -> torch.Tensor:
+        """U_k + B(x_{k-1}) for one block position in one fused op: the sequential stage runs this gamma times a
+        round, where each op's fixed cost on a CPU outweighs its arithmetic."""
+        return torch.addmv(base_row, self.markov_w2.weight, self.markov_w1.weight[previous])
+
 
 class ConfidenceHead(nn.Module):
     def __init__(self, input_dim: int) -> None:

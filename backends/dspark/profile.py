@@ -13,16 +13,16 @@ import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
-from backends.dspark.drafter import ContextCache, DSparkDrafter
-from backends.dspark.published_decode import draft
+from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
 from backends.loading import LoadedModel, load_model
-from backends.types import GenerationRequest
 
 CONTEXT_TOKENS = 64
 
@@ -69,23 +69,75 @@ def measure_sps(loaded: LoadedModel, max_tokens: int, repeats: int = 5) -> SpsCu
     return SpsCurve(steps)
 
 
+@dataclass(frozen=True)
+class RoundCosts:
+    """Median milliseconds of each part of one published-drafter round on this machine, after a fixed context:
+    the target's forward of one token (a plain decoding step) and of a full block with its features (a
+    verification), and the drafter's context update, backbone pass, sequential Markov stage and confidences."""
+
+    target_step_ms: float
+    target_verify_ms: float
+    context_ms: float
+    backbone_ms: float
+    sequential_ms: float
+    confidence_ms: float
+
+    @property
+    def draft_s(self) -> float:
+        """What a round's drafting costs on top of its forward: what the verification budget weighs it against."""
+        return (self.context_ms + self.backbone_ms + self.sequential_ms + self.confidence_ms) / 1e3
+
+
 @torch.inference_mode()
-def measure_draft_s(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5) -> float:
-    """Median seconds of one decoding round's drafter work (context update, backbone pass, the Markov head's
-    whole block, confidences) after a fixed context: what the verification budget weighs drafting against.
-    Measured when a backend loads rather than stored, since it belongs to the drafter, not the target."""
+def measure_round(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5) -> RoundCosts:
+    """Each part timed on its own, greedy, with the whole block drafted. Measured when a backend loads rather
+    than stored, since the drafter's share belongs to the drafter, not the target."""
+    model, gamma = loaded.model, drafter.block_size
     generator = torch.Generator().manual_seed(0)
-    features = torch.randn(CONTEXT_TOKENS, drafter.config.context_width, generator=generator).to(loaded.device)
+    vocab = model.get_output_embeddings().weight.shape[0]
+    prompt = torch.randint(vocab, (1, CONTEXT_TOKENS), generator=generator).to(loaded.device)
+    cache = DynamicCache(config=model.config)
+    out = model.model(input_ids=prompt, cache=cache, use_cache=True, output_hidden_states=True)
+    features = target_features(out.hidden_states, drafter.config.target_layer_ids)[0]
     context = ContextCache(len(drafter.layers))
-    drafter.extend_context(context, features.to(drafter.fc.weight.dtype))
-    greedy = GenerationRequest(prompt="profile", temperature=0.0)
+    drafter.extend_context(context, features)
+
+    def forward(tokens: int, hidden_states: bool) -> None:
+        model(input_ids=prompt[:, :tokens], cache=cache, use_cache=True, output_hidden_states=hidden_states)
+        cache.crop(-tokens)
+
+    hidden = drafter.draft_hidden(context, 0)
+    base = drafter.base_logits(hidden)
+    prev_ids = torch.zeros(gamma, dtype=torch.long, device=loaded.device)
+
+    def sequential() -> None:
+        token = 0
+        for k in range(gamma):
+            token = int(torch.argmax(drafter.markov_head.step(base[k], token).float()))
+
+    parts = {
+        "target_step_ms": lambda: forward(1, False),
+        "target_verify_ms": lambda: forward(gamma + 1, True),
+        "context_ms": lambda: drafter.extend_context(ContextCache(len(drafter.layers)), features[:4]),
+        "backbone_ms": lambda: drafter.base_logits(drafter.draft_hidden(context, 0)),
+        "sequential_ms": sequential,
+        "confidence_ms": lambda: drafter.confidence_logits(hidden, prev_ids),
+    }
+    return RoundCosts(**{name: _median_ms(part, repeats, loaded.device) for name, part in parts.items()})
+
+
+def _median_ms(work: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """The median of ``repeats`` timings after one untimed call, waiting for a GPU's queued work each time."""
     times = []
     for _ in range(repeats + 1):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         started = time.perf_counter()
-        drafter.extend_context(context, features[:4].to(drafter.fc.weight.dtype))
-        draft(drafter, context, 0, greedy, None, drafter.block_size)
+        work()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         times.append(time.perf_counter() - started)
-    return statistics.median(times[1:])
+    return 1e3 * statistics.median(times[1:])
 
 
 def _read(folder: Path) -> dict[str, dict[str, float]]:

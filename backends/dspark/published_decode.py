@@ -91,16 +91,15 @@ def draft(
     base = drafter.base_logits(hidden)
     tokens: list[int] = []
     rows: list[torch.Tensor] = []
-    previous = torch.tensor([anchor], device=hidden.device)
+    token = anchor
     for k in range(length):
-        logits = (base[k] + drafter.markov_head(previous)[0]).float()
+        logits = drafter.markov_head.step(base[k], token).float()
         if request.greedy:
             token = int(torch.argmax(logits))
         else:
             rows.append(token_probs(logits, request))
             token = int(sample(rows[-1], generator))
         tokens.append(token)
-        previous = torch.tensor([token], device=hidden.device)
     confidence: list[float] = []
     if drafter.confidence_head is not None and tokens:
         prev_ids = torch.tensor([anchor, *tokens[:-1]], device=hidden.device)
