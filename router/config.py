@@ -136,9 +136,10 @@ class PoolConfig(_Strict):
     )
     defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
     decoding: DSparkOptions | None = None
-    drafter: Literal["heads", "dspark"] = Field(
-        default="heads",
-        description="dspark pools: span heads, or the published drafter (the model folder's dspark_drafter/)",
+    drafter: Literal["heads", "dspark"] | None = Field(
+        default=None,
+        description="dspark pools: span heads, or the published drafter (the model folder's dspark_drafter/); "
+        "null: the project's default drafter where the folder carries it, else the one it carries",
     )
     transport: Literal["inprocess", "redis"] = Field(
         default="inprocess", description="inprocess: workers are threads here; redis: `dspark-router worker` processes"

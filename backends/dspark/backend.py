@@ -33,6 +33,9 @@ from backends.steps import DecodeLoop
 from backends.types import DSparkOptions, GenerationRequest, GenerationStats
 
 Drafter = Literal["heads", "dspark"]
+DEFAULT_DRAFTER: Drafter = "heads"
+"""The drafter a pool uses when its config names none and the model folder carries it: whichever was faster
+on ``bench decode`` with the shipped model (see the README)."""
 
 
 class DSparkBackend(LocalBackend):
@@ -70,21 +73,28 @@ class DSparkBackend(LocalBackend):
         span_lengths: tuple[int, ...] | None = None,
         thresholds: dict[int, float] | None = None,
         verification: str = "exact",
-        drafter: Drafter = "heads",
+        drafter: Drafter | None = None,
         drafter_path: str | Path | None = None,
         limits: BatchLimits | None = None,
     ) -> DSparkBackend:
         """Span-heads options default to what the model's dspark_config.json was tuned with; the published drafter
         comes from ``drafter_path`` or the folder's ``dspark_drafter/``, its SPS profile from beside the model
-        (measured on first load on a machine). The pool's ``drafter`` must be there; the other is optional."""
+        (measured on first load on a machine). The pool's ``drafter`` must be there; the other is optional. No
+        ``drafter``: :data:`DEFAULT_DRAFTER` where the folder carries it, else the one it does carry."""
         path = Path(path)
+        drafter_dir = Path(drafter_path) if drafter_path is not None else path / DRAFTER_DIR
+        carried = {
+            "heads": (path / HEADS_CONFIG_FILE).is_file(),
+            "dspark": (drafter_dir / DRAFTER_CONFIG_FILE).is_file(),
+        }
+        if drafter is None:
+            drafter = next((d for d in (DEFAULT_DRAFTER, *carried) if carried[d]), DEFAULT_DRAFTER)
         loaded = load_model(path, device=device, dtype=dtype)
         model = None
-        if drafter == "heads" or (path / HEADS_CONFIG_FILE).is_file():
+        if drafter == "heads" or carried["heads"]:
             model = DSparkModel(loaded, SpanHeads.load(path, device=loaded.device, dtype=loaded.model.dtype))
-        drafter_dir = Path(drafter_path) if drafter_path is not None else path / DRAFTER_DIR
         published, schedule = None, None
-        if drafter == "dspark" or (drafter_dir / DRAFTER_CONFIG_FILE).is_file():
+        if drafter == "dspark" or carried["dspark"]:
             published = load_drafter(loaded, drafter_dir)
             rows = (limits or BatchLimits()).max_batch
             sps = load_or_profile(path, loaded, rows * (published.block_size + 1))

@@ -97,7 +97,7 @@ def measure_round(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5)
     vocab = model.get_output_embeddings().weight.shape[0]
     prompt = torch.randint(vocab, (1, CONTEXT_TOKENS), generator=generator).to(loaded.device)
     cache = DynamicCache(config=model.config)
-    out = model.model(input_ids=prompt, cache=cache, use_cache=True, output_hidden_states=True)
+    out = model(input_ids=prompt, cache=cache, use_cache=True, output_hidden_states=True)
     features = target_features(out.hidden_states, drafter.config.target_layer_ids)[0]
     context = ContextCache(len(drafter.layers))
     drafter.extend_context(context, features)
