@@ -73,7 +73,7 @@ model-heads: model-base
 
 model-drafter: model-base
 	$(BIN)/dspark-router train --drafter dspark --model $(BASE) --output $(MODEL_DIR)/dspark_drafter \
-		--steps 2000 --self-distill 2000 --threads $(DRAFTER_THREADS)
+		--steps 2000 --self-distill 2000 --anchors 32 --threads $(DRAFTER_THREADS)
 
 model: model-heads model-drafter
 	$(BIN)/dspark-router tune --model $(MODEL_DIR) --write
