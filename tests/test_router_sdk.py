@@ -142,7 +142,9 @@ def test_stream_and_complete_stream_true(tmp_path, router_models):
         last = chunks[-1]
         assert last.finish_reason == last.result.finish_reason and last.result.decision == last.decision
         assert "".join(c.delta for c in chunks) == last.result.text
-        for _ in router.stream(messages=MESSAGES, max_tokens=400):
+        # Greedy, so the tiny model's continuation is fixed and runs past the first chunk (sampled, it could
+        # draw EOS before the consumer leaves, and nothing would meet the closed feed).
+        for _ in router.stream(messages=MESSAGES, max_tokens=400, temperature=0):
             break  # the worker's next chunk meets a closed feed: decoding stops there, recorded as stream_closed
         closed = {"pool": "standard", "type": "stream_closed"}
         deadline = time.monotonic() + 10
