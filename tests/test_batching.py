@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from backends import AutoregressiveBackend, GenerationRequest, engine
+from backends.dspark import published_decode
 from backends.dspark.backend import DSparkBackend
 from backends.dspark.scheduler import SpsCurve, VerifySchedule, choose_lengths, draft_budget
 from backends.engine import BatchLimits, StepRecord
@@ -257,6 +258,23 @@ def test_drafting_must_pay_for_the_drafter_pass():
     assert draft_budget(flat, 1, 7, unsure, draft_s=0.01) == 0
     assert draft_budget(flat, 16, 7, sure, draft_s=0.01) == 0
     assert draft_budget(flat, 1, 7, (), draft_s=0.01) == 7  # no history yet: optimistic
+
+
+def test_a_request_that_stopped_drafting_probes_again_and_recovers():
+    """Only a draft updates a request's expected survival, so a request whose early drafts failed would skip the
+    drafter for good; after ``PROBE_AFTER`` rounds without one it is budgeted as at its start, and a good probe
+    reopens drafting at once, since recent rounds weigh most."""
+    flat = SpsCurve({n: 100.0 for n in range(1, 65)})
+    survival = published_decode.RecentSurvival()
+    for _ in range(6):
+        survival.add([0.3] * 7)
+    budgets = []
+    for _ in range(survival.PROBE_AFTER + 1):
+        budgets.append(draft_budget(flat, 1, 7, survival.expected(), draft_s=0.01))
+        survival.drafted(budgets[-1])
+    assert budgets == [0] * survival.PROBE_AFTER + [7]
+    survival.add([0.97] * 7)
+    assert draft_budget(flat, 1, 7, survival.expected(), draft_s=0.01) > 0
 
 
 def test_the_batch_keeps_its_cache_compact(heads_model):

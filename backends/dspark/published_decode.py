@@ -57,21 +57,36 @@ class Draft:
     confidence: list[float]
 
 
-class MeanSurvival:
-    """A request's mean prefix survival a_k by block position over its rounds so far: what drafting is expected
-    to earn next round, known before the draft is made (the budget must not look at the draft it decides)."""
+class RecentSurvival:
+    """A request's prefix survival a_k by block position over its recent rounds: what drafting is expected to
+    earn next round, known before the draft is made (the budget must not look at the draft it decides).
 
-    def __init__(self, gamma: int) -> None:
-        self.sums, self.counts = [0.0] * gamma, [0] * gamma
+    Recent rounds weigh most (each round halves the weight of those before it), because how predictable a text
+    is changes within it: a copied span follows free prose. And a request whose drafts stopped paying is
+    probed again after ``PROBE_AFTER`` rounds without a draft, budgeted as at its start; otherwise the estimate
+    that stopped the drafting could never be revised, since only a draft updates it."""
+
+    WEIGHT = 0.5
+    PROBE_AFTER = 8
+
+    def __init__(self) -> None:
+        self.survival: list[float] = []
+        self.skipped = 0
 
     def add(self, confidence: list[float]) -> None:
         for k, a in enumerate(prefix_survival(confidence)):
-            self.sums[k] += a
-            self.counts[k] += 1
+            if k < len(self.survival):
+                self.survival[k] += self.WEIGHT * (a - self.survival[k])
+            else:
+                self.survival.append(a)
 
-    def means(self) -> tuple[float, ...]:
-        """Positions drafted at least once; the budget takes later ones as certain (the optimistic start)."""
-        return tuple(total / count for total, count in zip(self.sums, self.counts) if count)
+    def expected(self) -> tuple[float, ...]:
+        """Positions drafted before; the budget takes later ones as certain (the optimistic start), and all of
+        them on a probe."""
+        return () if self.skipped >= self.PROBE_AFTER else tuple(self.survival)
+
+    def drafted(self, limit: int) -> None:
+        self.skipped = 0 if limit else self.skipped + 1
 
 
 def target_pass(out: ForwardOut, layer_ids: list[int]) -> TargetPass:
@@ -145,7 +160,7 @@ def decode(
     )
     verified_at, accepted_at = [0] * gamma, spans.accepted_by_offset
     context = ContextCache(len(drafter.layers))
-    survival = MeanSurvival(gamma)
+    survival = RecentSurvival()
     step = target_pass((yield Forward(prompt, hidden_states=True)), layer_ids)
     stats.forward_passes += 1
     pending, logits, next_token = [step.features], step.logits[-1], None
@@ -169,7 +184,8 @@ def decode(
             committed = context.length + sum(features.shape[0] for features in pending)
             room = drafter.block_size if loaded.max_context is None else loaded.max_context - committed - 1
             limit = max(0, min(schedule.limit(drafter.block_size), room))
-            limit = yield Budget(schedule, limit, survival.means())
+            limit = yield Budget(schedule, limit, survival.expected())
+            survival.drafted(limit)
             tokens, probs = [], None
             if limit:  # else the drafter is skipped, and its context catches up on the next round that drafts
                 drafter.extend_context(context, torch.cat(pending))
