@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # Every benchmark with the published arguments (benchmarks/suite.py), JSON and plots into benchmarks/results,
-# then BENCHMARKS.md rendered from them. About 45 minutes on 2 cores; `dspark-router bench all --only NAME` for one.
+# then BENCHMARKS.md rendered from them. About 50 minutes on 2 cores; `dspark-router bench all --only NAME` for one.
 bench: $(STAMP)
 	$(BIN)/dspark-router bench all
 
