@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import statistics
 import threading
 import time
@@ -38,6 +37,7 @@ from backends.threads import on_own_thread
 from backends.types import GenerationRequest
 from benchmarks.decode_sets import held_out_sets, shared_sets
 from benchmarks.local_serve import transformers_serve
+from benchmarks.output import write_json
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
 CONCURRENCY = (1, 4, 16, 64)
@@ -290,9 +290,7 @@ def run(args: argparse.Namespace) -> int:
     requests = workload(args.prompts, args.per_set, args.max_tokens)
     report = run_benchmark(args.model, requests, levels, contenders, args.window, torch.get_num_threads())
     print_table(report, contenders)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     if args.plot:
         plot(report, contenders, args.plot)
     return 0

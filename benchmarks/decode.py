@@ -42,6 +42,7 @@ from backends.progress import JobProgress
 from backends.types import DSparkOptions, GenerationRequest, SpanStats
 from benchmarks import decode_plots, decode_probe
 from benchmarks.decode_sets import PromptSet, held_out_sets, shared_sets
+from benchmarks.output import write_json, write_plots
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
 DEFAULT_DRAFT = Path(__file__).resolve().parents[1] / "models" / "dspark-mini-draft"
@@ -341,10 +342,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"note: {note}")
     report = {**run_benchmark(args.model, args.draft_model, sets, drafters), "notes": notes}
     print(format_table(report))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plots:
-        for path in decode_plots.draw_all(report, args.plots):
-            print(f"wrote {path.name}")
+    write_json(args.json, report)
+    write_plots(args.plots, report, decode_plots.draw_all)
     return 0

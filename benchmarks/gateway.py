@@ -31,6 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from benchmarks.output import write_json
+
 if TYPE_CHECKING:
     from router.sdk import Router
 
@@ -246,7 +248,5 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     report = run_benchmark(args)
     show(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     return 0

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import subprocess
@@ -36,6 +35,7 @@ import yaml
 
 from backends.progress import JobProgress
 from benchmarks.local_redis import LocalRedis
+from benchmarks.output import write_json
 from classifiers.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
@@ -249,9 +249,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     result = run_benchmark(args.model, args.requests, args.max_tokens, args.concurrency, args.rounds)
     print_table(result)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(args.json, result)
     if args.plot:
         plot(result, args.plot)
     return 0

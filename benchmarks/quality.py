@@ -29,6 +29,7 @@ import jsonschema
 from backends.autoregressive import AutoregressiveBackend
 from backends.progress import JobProgress
 from backends.types import GenerationRequest, GenerationResult
+from benchmarks.output import write_json
 from classifiers.subtasks import KINDS, OPEN_ENDED_KINDS, Subtask, generate_subtasks
 
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
@@ -219,7 +220,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     report = run_benchmark(args.model, args.per_kind, args.max_tokens, args.seed)
     print_table(report)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(args.json, report)
     return 0

@@ -26,16 +26,15 @@ On the test split of the measurements (templates the classifier was not fitted o
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from backends.errors import InvalidRequestError
+from benchmarks.output import write_json
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS
 from classifiers.gain import oracle_saved, standard_times, time_saved
 from classifiers.records import Measurement, read_measurements
@@ -288,9 +287,7 @@ def run(args: argparse.Namespace) -> int:
         "p99_us": report["p99_us"] < TARGETS["p99_us"],
     }
     _print(report)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    write_json(args.json, report)
     if args.plot:
         plot(scores, chosen, report, args.plot)
     return 0

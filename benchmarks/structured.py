@@ -24,6 +24,7 @@ from backends.dspark import DSparkBackend
 from backends.errors import InvalidRequestError, UnsupportedFormatError
 from backends.progress import JobProgress
 from backends.types import GenerationRequest, GenerationResult
+from benchmarks.output import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SCHEMAS = REPO.parent / "shared" / "data" / "jsonschemabench"
@@ -150,9 +151,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.schemas.is_dir():
         raise SystemExit(f"no schema folder at {args.schemas}")
     report = run_benchmark(args.model, load_schemas(args.schemas, args.limit, args.seed), args.backend, args.max_tokens)
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    print(json.dumps(report, indent=2))
+    write_json(args.json, report)
     return 0 if report["invalid"] == 0 else 1

@@ -40,6 +40,7 @@ from backends.errors import InvalidRequestError
 from backends.progress import JobProgress
 from backends.types import GenerationRequest
 from benchmarks import workload_plots
+from benchmarks.output import write_json, write_plots
 from benchmarks.workload_mix import SUBTASK_SHARE, WorkItem, arrivals, build_workload
 from benchmarks.workload_policies import POLICIES, OracleScorer, build_router
 from benchmarks.workload_stats import Outcome, compare, summarise
@@ -506,10 +507,6 @@ def run(args: argparse.Namespace) -> int:
     report["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(format_report(report))
     print(f"finished in {report['elapsed_s']:.0f} s")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plots:
-        for path in workload_plots.draw_all(report, args.plots):
-            print(f"wrote {path.name}")
+    write_json(args.json, report)
+    write_plots(args.plots, report, workload_plots.draw_all)
     return 0
