@@ -15,14 +15,17 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
 from transformers import DynamicCache
 
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
+from backends.dspark.published_decode import sample_block
 from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
 from backends.loading import LoadedModel, load_model
+from backends.types import GenerationRequest
 
 CONTEXT_TOKENS = 64
 
@@ -55,17 +58,12 @@ def measure_sps(loaded: LoadedModel, max_tokens: int, repeats: int = 5) -> SpsCu
     steps: dict[int, float] = {}
     for tokens in profiled_lengths(max_tokens):
         ids = torch.randint(vocab, (1, tokens), generator=generator).to(device)
-        times = []
-        for _ in range(repeats + 1):
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            started = time.perf_counter()
-            model(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            times.append(time.perf_counter() - started)
-            cache.crop(-tokens)
-        steps[tokens] = 1.0 / statistics.median(times[1:])
+        steps[tokens] = 1.0 / _median_s(
+            partial(model, input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True),
+            repeats,
+            device,
+            reset=partial(cache.crop, -tokens),
+        )
     return SpsCurve(steps)
 
 
@@ -102,32 +100,33 @@ def measure_round(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5)
     context = ContextCache(len(drafter.layers))
     drafter.extend_context(context, features)
 
-    def forward(tokens: int, hidden_states: bool) -> None:
-        model(input_ids=prompt[:, :tokens], cache=cache, use_cache=True, output_hidden_states=hidden_states)
-        cache.crop(-tokens)
+    def forward(tokens: int, hidden_states: bool) -> tuple[Callable[[], object], Callable[[], object]]:
+        """A forward of ``tokens`` after the context, and the crop that takes them back out of the cache."""
+        ids = prompt[:, :tokens]
+        work = partial(model, input_ids=ids, cache=cache, use_cache=True, output_hidden_states=hidden_states)
+        return work, partial(cache.crop, -tokens)
 
     hidden = drafter.draft_hidden(context, 0)
     base = drafter.base_logits(hidden)
     prev_ids = torch.zeros(gamma, dtype=torch.long, device=loaded.device)
-
-    def sequential() -> None:
-        token = 0
-        for k in range(gamma):
-            token = int(torch.argmax(drafter.markov_head.step(base[k], token).float()))
-
+    greedy = GenerationRequest(prompt="profile", temperature=0.0)
     parts = {
-        "target_step_ms": lambda: forward(1, False),
-        "target_verify_ms": lambda: forward(gamma + 1, True),
-        "context_ms": lambda: drafter.extend_context(ContextCache(len(drafter.layers)), features[:4]),
-        "backbone_ms": lambda: drafter.base_logits(drafter.draft_hidden(context, 0)),
-        "sequential_ms": sequential,
-        "confidence_ms": lambda: drafter.confidence_logits(hidden, prev_ids),
+        "target_step_ms": forward(1, False),
+        "target_verify_ms": forward(gamma + 1, True),
+        "context_ms": (lambda: drafter.extend_context(ContextCache(len(drafter.layers)), features[:4]), None),
+        "backbone_ms": (lambda: drafter.base_logits(drafter.draft_hidden(context, 0)), None),
+        "sequential_ms": (lambda: sample_block(drafter, base, 0, greedy, None), None),
+        "confidence_ms": (lambda: drafter.confidence_logits(hidden, prev_ids), None),
     }
-    return RoundCosts(**{name: _median_ms(part, repeats, loaded.device) for name, part in parts.items()})
+    costs = {name: 1e3 * _median_s(work, repeats, loaded.device, reset) for name, (work, reset) in parts.items()}
+    return RoundCosts(**costs)
 
 
-def _median_ms(work: Callable[[], object], repeats: int, device: torch.device) -> float:
-    """The median of ``repeats`` timings after one untimed call, waiting for a GPU's queued work each time."""
+def _median_s(
+    work: Callable[[], object], repeats: int, device: torch.device, reset: Callable[[], object] | None = None
+) -> float:
+    """The median of ``repeats`` timings after one untimed call, waiting for a GPU's queued work each time;
+    ``reset`` (a KV cache's crop) runs after each, untimed."""
     times = []
     for _ in range(repeats + 1):
         if device.type == "cuda":
@@ -137,7 +136,9 @@ def _median_ms(work: Callable[[], object], repeats: int, device: torch.device) -
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - started)
-    return 1e3 * statistics.median(times[1:])
+        if reset is not None:
+            reset()
+    return statistics.median(times[1:])
 
 
 def _read(folder: Path) -> dict[str, dict[str, float]]:

@@ -103,23 +103,35 @@ def draft(
 ) -> Draft:
     """The first ``length`` tokens of the block (a request's cap makes sampling the rest wasted work)."""
     hidden = drafter.draft_hidden(context, anchor)[:length]
-    base = drafter.base_logits(hidden)
+    tokens, rows = sample_block(drafter, drafter.base_logits(hidden), anchor, request, generator)
+    confidence: list[float] = []
+    if drafter.confidence_head is not None and tokens:
+        prev_ids = torch.tensor([anchor, *tokens[:-1]], device=hidden.device)
+        confidence = torch.sigmoid(drafter.confidence_logits(hidden, prev_ids)).tolist()
+    return Draft(tokens, torch.stack(rows) if rows else None, confidence)
+
+
+def sample_block(
+    drafter: DSparkDrafter,
+    base: torch.Tensor,
+    anchor: int,
+    request: GenerationRequest,
+    generator: torch.Generator | None,
+) -> tuple[list[int], list[torch.Tensor]]:
+    """The Markov head's sequential stage: each block position's token from U_k + B(previous token), left to
+    right from the anchor, with (sampling only) the distribution it was drawn from."""
     tokens: list[int] = []
     rows: list[torch.Tensor] = []
     token = anchor
-    for k in range(length):
-        logits = drafter.markov_head.step(base[k], token).float()
+    for row in base:
+        logits = drafter.markov_head.step(row, token).float()
         if request.greedy:
             token = int(torch.argmax(logits))
         else:
             rows.append(token_probs(logits, request))
             token = int(sample(rows[-1], generator))
         tokens.append(token)
-    confidence: list[float] = []
-    if drafter.confidence_head is not None and tokens:
-        prev_ids = torch.tensor([anchor, *tokens[:-1]], device=hidden.device)
-        confidence = torch.sigmoid(drafter.confidence_logits(hidden, prev_ids)).tolist()
-    return Draft(tokens, torch.stack(rows) if rows else None, confidence)
+    return tokens, rows
 
 
 def verify(
