@@ -50,7 +50,10 @@ BASE_ARGS := --mode scratch --output $(BASE) --num-heads 0 --context 1024 --voca
 DRILL_MIX := --mix 0.35,0.4,0.15,0.1
 RESUME := --tokenizer $(BASE)/checkpoint
 DRAFTER_THREADS ?= 1
-model-base: $(STAMP)
+# A file target, so that `make model` after an interrupted session trains only what is missing (each training
+# command also resumes from its own checkpoint).
+model-base: $(BASE)/.trained
+$(BASE)/.trained: | $(STAMP)
 	$(BIN)/dspark-router train $(BASE_ARGS) $(DRILL_MIX) --batch-size 64 --seq-len 32 --induction-rows 1 --stop-at 700
 	$(BIN)/dspark-router train $(BASE_ARGS) $(DRILL_MIX) $(RESUME) --batch-size 8 --seq-len 256 --induction-rows 1 \
 		--stop-at 1000
@@ -58,12 +61,13 @@ model-base: $(STAMP)
 		--stop-at 2200
 	$(BIN)/dspark-router train $(BASE_ARGS) --mix 0.5,0.25,0.15,0.1 $(RESUME) --batch-size 8 --seq-len 1024 \
 		--induction-rows 0.125
+	touch $@
 
 model-heads: model-base
 	$(BIN)/dspark-router train --mode heads --model $(BASE) --output $(MODEL_DIR) --steps 500 \
 		--batch-size 16 --lr 2e-3 --self-distill 2000 --distill-tokens 96 --threads $(DRAFTER_THREADS)
 	rm -rf $(MODEL_DIR)/checkpoint
-	cp $(BASE)/train_report_scratch.json $(MODEL_DIR)/
+	cp $(BASE)/train_report_scratch.json $(BASE)/train_curve_scratch.png $(MODEL_DIR)/
 	$(BIN)/dspark-router train --mode heads --model $(MODEL_DIR) --output $(MODEL_DIR) --steps 700 \
 		--batch-size 16 --lr 1e-3 --warmup 20 --self-distill 2000 --distill-tokens 96 --seed 1 \
 		--threads $(DRAFTER_THREADS)

@@ -3,10 +3,13 @@ cannot drift from the run it describes. What no JSON holds (what the published f
 compare) is the hand-written ``published.md`` beside this module, appended as it is.
 
 Each section renders one benchmark's JSON and is left out, with a line saying so, when that file is missing.
+Each also names the weights it was measured on and says so when they are not the shipped ones: a model is
+retrained more often than the whole suite (about 50 minutes) is run again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
@@ -17,6 +20,7 @@ from typing import Any
 import torch
 
 PUBLISHED = Path(__file__).with_name("published.md")
+SHIPPED_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
 PAPER_ACCEPTED = {"gsm8k": 6.11, "math500": 5.70, "humaneval": 5.38, "mbpp": 5.13, "mt-bench": 3.64}
 """The DSpark paper's accepted length per round (Qwen3-4B target, gamma 7, temperature 1.0)."""
 
@@ -319,6 +323,28 @@ def _cpuinfo() -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
 
 
+def weights_id(model: Path = SHIPPED_MODEL) -> str | None:
+    """The start of the base weights' SHA-256: which weights a benchmark measured."""
+    weights = model / "model.safetensors"
+    return hashlib.sha256(weights.read_bytes()).hexdigest()[:12] if weights.is_file() else None
+
+
+def _ran(run: dict[str, Any], name: str, shipped: str | None) -> list[str]:
+    """The command a section's numbers came from, how long it took, and on which weights."""
+    if not run.get("command"):
+        return []
+    details = [f"{run['seconds'] / 60:.1f} min", run["finished"]] if run.get("finished") else []
+    details += [f"weights `{run['weights']}`"] if run.get("weights") else []
+    lines = [f"`{run['command']}`" + (f" ({', '.join(details)})" if details else ""), ""]
+    if run.get("weights") and shipped and run["weights"] != shipped:
+        lines += [
+            f"**Measured on earlier weights than the shipped ones (`{shipped}`)**: "
+            f"`dspark-router bench all --only {name}` measures this section again.",
+            "",
+        ]
+    return lines
+
+
 def render(results: Path, runs: dict[str, Any], base: Path) -> str:
     """The whole document; ``runs`` is what ``bench all`` recorded (the machine, and each benchmark's command
     and time), so the same results always render the same text."""
@@ -333,12 +359,9 @@ def render(results: Path, runs: dict[str, Any], base: Path) -> str:
         f"Machine: {runs.get('machine', 'not recorded')}.",
         "",
     ]
+    shipped = weights_id()
     for name, title, render_section in SECTIONS:
-        run = runs.get("benchmarks", {}).get(name, {})
-        lines += [f"## {title}", ""]
-        if run.get("command"):
-            ran = f" ({run['seconds'] / 60:.1f} min, {run['finished']})" if run.get("finished") else ""
-            lines += [f"`{run['command']}`{ran}", ""]
+        lines += [f"## {title}", "", *_ran(runs.get("benchmarks", {}).get(name, {}), name, shipped)]
         data = loaded[name]
         lines += [render_section(data, results, base) if data is not None else f"No `{name}.json` in this run.", ""]
     lines += ["## Against published figures", "", published(loaded["decode"], results, base), ""]

@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     failed = []
     if not args.report_only:
         runs["machine"] = report.machine()
+        weights = report.weights_id()
         for step in (s for s in SUITE if s.name in chosen):
             print(f"== bench {step.name}", flush=True)
             started = time.perf_counter()
@@ -81,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
                 "seconds": round(time.perf_counter() - started, 1),
                 "exit_code": code,
                 "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                "weights": weights,
             }
             record_file.write_text(json.dumps(runs, indent=2) + "\n")
             if code != 0:

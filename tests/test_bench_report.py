@@ -34,3 +34,16 @@ def test_a_missing_result_is_named_not_fatal(tmp_path):
     text = report.render(tmp_path, {}, tmp_path)
     for name, title, _ in report.SECTIONS:
         assert f"## {title}" in text and f"No `{name}.json` in this run." in text
+
+
+def test_a_section_says_when_it_was_measured_on_other_weights_than_the_shipped_ones(tmp_path):
+    def run(weights: str) -> dict:
+        entry = {"command": "dspark-router bench quality", "seconds": 60.0, "finished": "now", "weights": weights}
+        return {"benchmarks": {"quality": entry}}
+
+    shipped = report.weights_id()
+    assert shipped is not None, "the shipped model has weights"
+    current = report.render(tmp_path, run(shipped), tmp_path)
+    assert f"(1.0 min, now, weights `{shipped}`)" in current and "earlier weights" not in current
+    stale = report.render(tmp_path, run("0" * 12), tmp_path)
+    assert "earlier weights" in stale and "bench all --only quality" in stale

@@ -64,7 +64,8 @@ def test_induction_rows_label_only_tokens_a_copy_can_predict(tiny_tokenizer):
 
 
 def test_a_curriculum_stops_at_its_step_and_resumes_on_other_data(tmp_path):
-    """Stage one stops at step 3 of a 6-step schedule; stage two resumes there on a mix with copy drills."""
+    """Stage one stops at step 3 of a 6-step schedule; stage two resumes there on a mix with copy drills, and
+    the learning curve carries over."""
     out = tmp_path / "base"
     common = ["--mode", "scratch", "--output", str(out), "--steps", "6", "--batch-size", "2", "--seq-len", "128"]
     common += ["--context", "256", "--vocab-size", "400", "--hidden", "32", "--layers", "1", "--chat-examples", "30"]
@@ -78,6 +79,8 @@ def test_a_curriculum_stops_at_its_step_and_resumes_on_other_data(tmp_path):
     assert torch.load(out / CHECKPOINT_DIR / TRAINER_STATE, weights_only=True)["step"] == 6
     report = json.loads((out / "train_report_scratch.json").read_text())
     assert report["steps"] == 6 and report["base_loss"] > 0
+    assert [point["step"] for point in report["curve"]] == [3, 6], "the learning curve spans both stages"
+    assert (out / "train_curve_scratch.png").is_file()
     saved = json.loads((out / CHECKPOINT_DIR / "train_config.json").read_text())
     assert saved["mix"]["drills"] == 0.25
 

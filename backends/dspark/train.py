@@ -15,7 +15,7 @@ import math
 import random
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Literal
@@ -43,6 +43,7 @@ from backends.progress import JobProgress
 IGNORE = -100
 CHECKPOINT_DIR = "checkpoint"
 TRAINER_STATE = "trainer_state.pt"
+CURVE_FILE = "curve.json"
 
 
 @dataclass
@@ -83,6 +84,9 @@ class TrainReport:
     base_loss: float
     head_accuracy: list[float]
     base_accuracy: float
+    # (step, smoothed loss, smoothed next-token accuracy) at every checkpoint, across resumed stages: the
+    # learning curve, kept because a model card's final numbers cannot say whether more steps would help.
+    curve: list[dict[str, float]] = field(default_factory=list)
 
 
 def head_weights(num_heads: int, decay: float) -> list[float]:
@@ -265,6 +269,7 @@ def train(
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.01, betas=(0.9, 0.95))
     weights = head_weights(model.dspark_config.num_heads, config.loss_decay)
     start_step = _resume(model, optimizer, config.output)
+    curve = _resumed_curve(config.output, start_step)
     ema: dict[str, float] = {}
     started = time.perf_counter()
     with JobProgress() as progress:
@@ -288,7 +293,8 @@ def train(
             status = " ".join(f"{k}={v:.3f}" for k, v in ema.items())
             progress.step(task, status=status)
             if (step + 1) % config.checkpoint_every == 0 or step + 1 in (config.steps, config.stop_at):
-                _checkpoint(model, optimizer, config, step + 1)
+                curve.append({"step": step + 1, "loss": ema["loss"], "accuracy": ema.get("acc1", float("nan"))})
+                _checkpoint(model, optimizer, config, step + 1, curve)
     model.loaded.model.eval()
     model.heads.eval()
     return TrainReport(
@@ -298,6 +304,7 @@ def train(
         base_loss=ema.get("base", float("nan")),
         head_accuracy=[ema.get(f"acc{k + 2}", float("nan")) for k in range(model.dspark_config.num_heads)],
         base_accuracy=ema.get("acc1", float("nan")),
+        curve=curve,
     )
 
 
@@ -319,10 +326,21 @@ def has_checkpoint(output: Path) -> bool:
     return (output / CHECKPOINT_DIR / TRAINER_STATE).is_file()
 
 
-def _checkpoint(model: DSparkModel, optimizer: torch.optim.Optimizer, config: TrainConfig, step: int) -> None:
+def _checkpoint(
+    model: DSparkModel, optimizer: torch.optim.Optimizer, config: TrainConfig, step: int, curve: list[dict[str, float]]
+) -> None:
     folder = config.output / CHECKPOINT_DIR
     model.save(folder)
     save_trainer_state(folder, optimizer, config, step)
+    (folder / CURVE_FILE).write_text(json.dumps(curve))
+
+
+def _resumed_curve(output: Path, start_step: int) -> list[dict[str, float]]:
+    """The learning curve of the stages before this one, up to the step it resumes from."""
+    path = output / CHECKPOINT_DIR / CURVE_FILE
+    if not start_step or not path.is_file():
+        return []
+    return [point for point in json.loads(path.read_text()) if point["step"] <= start_step]
 
 
 def _resume(model: DSparkModel, optimizer: torch.optim.Optimizer, output: Path) -> int:
@@ -410,4 +428,24 @@ def run(config: TrainConfig, chat_examples: int = 20_000) -> TrainReport:
     report = train(model, batches, config)
     model.save(config.output)
     (config.output / f"train_report_{config.mode}.json").write_text(json.dumps(asdict(report), indent=2) + "\n")
+    if len(report.curve) > 1:
+        plot_curve(report.curve, config.output / f"train_curve_{config.mode}.png")
     return report
+
+
+def plot_curve(curve: list[dict[str, float]], path: Path) -> None:
+    """Loss and next-token accuracy by step, one picture for the model card."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [point["step"] for point in curve]
+    figure, (loss_axis, accuracy_axis) = plt.subplots(1, 2, figsize=(9, 3.2))
+    loss_axis.plot(steps, [point["loss"] for point in curve])
+    loss_axis.set(xlabel="step", ylabel="training loss (nats, smoothed)")
+    accuracy_axis.plot(steps, [point["accuracy"] for point in curve])
+    accuracy_axis.set(xlabel="step", ylabel="next-token accuracy (smoothed)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
