@@ -40,7 +40,9 @@ def test_greedy_dspark_equals_greedy_ar_on_held_out_subtasks(dspark, ar):
         )
         assert_equal_or_near_tie(dspark.model, list(prompt), reference.token_ids, result.token_ids)
         accepted.append(result.stats.spans.mean_accepted)
-    assert sum(accepted) / len(accepted) > 1.5, "the shipped heads should draft more than one token per pass"
+    # Well above one token a pass, not a fixed speedup: `dspark-router tune` picks the thresholds by measured
+    # time, and may trade accepted length for fewer wasted drafts (1.4 tokens a pass on the shipped heads).
+    assert sum(accepted) / len(accepted) > 1.3, "the shipped heads should draft more than one token per pass"
 
 
 def _schemas() -> list[tuple[str, dict]]:
