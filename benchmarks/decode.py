@@ -39,6 +39,7 @@ from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.profile import measure_round
 from backends.loading import load_model, prompt_ids
 from backends.progress import JobProgress
+from backends.threads import on_own_thread
 from backends.types import DSparkOptions, GenerationRequest, SpanStats
 from benchmarks import decode_plots, decode_probe
 from benchmarks.decode_sets import PromptSet, held_out_sets, shared_sets
@@ -118,7 +119,11 @@ class Contenders:
         self.drafters = drafters
         self.dspark = DSparkBackend.from_pretrained(model_path, device="cpu", drafter=drafters[0])
         self.ar = AutoregressiveBackend(self.dspark.loaded)
-        self.draft = load_model(draft_path, device="cpu").model if draft_path and draft_path.is_dir() else None
+        self.draft = (
+            on_own_thread(lambda: load_model(draft_path, device="cpu").model)
+            if draft_path and draft_path.is_dir()
+            else None
+        )
 
     def runners(self) -> dict[str, Callable[[GenerationRequest], Run]]:
         runners = {
@@ -142,6 +147,11 @@ class Contenders:
         return Run(tokens=result.token_ids, seconds=result.stats.wall_time_s, spans=result.stats.spans)
 
     def _hf(self, request: GenerationRequest, **options) -> Run:
+        """transformers' ``generate`` on a thread that ends with it, as every torch call here outside the decode
+        engine: an OpenMP team left in this thread would slow the engine's steps (:mod:`backends.threads`)."""
+        return on_own_thread(lambda: self._hf_generate(request, **options), name="hf-generate")
+
+    def _hf_generate(self, request: GenerationRequest, **options) -> Run:
         loaded = self.dspark.loaded
         ids = torch.tensor([prompt_ids(loaded, request)])
         sampling = (
@@ -168,15 +178,18 @@ class Contenders:
         prompt = prompt_ids(self.dspark.loaded, request)
         sequence = [*prompt, *reference]
         if drafter == "heads":
-            return decode_probe.probe_heads(self.dspark.model, sequence, len(prompt), self.dspark.policy.longest - 1)
-        return decode_probe.probe_dspark(self.dspark.loaded, self.dspark.drafter, sequence, len(prompt))
+            width = self.dspark.policy.longest - 1
+            return on_own_thread(lambda: decode_probe.probe_heads(self.dspark.model, sequence, len(prompt), width))
+        return on_own_thread(
+            lambda: decode_probe.probe_dspark(self.dspark.loaded, self.dspark.drafter, sequence, len(prompt))
+        )
 
     def round_costs(self) -> dict[str, float] | None:
         """Where a published-drafter round's time goes on this machine (the target's step and verification, the
         drafter's parts), to read the speedups against; None without that drafter."""
         if "dspark" not in self.drafters:
             return None
-        return asdict(measure_round(self.dspark.loaded, self.dspark.drafter, repeats=20))
+        return asdict(on_own_thread(lambda: measure_round(self.dspark.loaded, self.dspark.drafter, repeats=20)))
 
     def verified_at(self, drafter: str) -> decode_probe.VerifiedAt:
         if drafter == "heads":

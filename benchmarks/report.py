@@ -257,8 +257,9 @@ def pools(data: dict, results: Path, base: Path) -> str:
     return "\n\n".join(
         [
             f"{data['requests']} held-out greedy subtasks, closed loop of {data['concurrency']} clients, median of "
-            f"{data['rounds']} rounds. The Redis hop, one request at a time: "
-            f"+{hop.get('per_request_ms', 0):.1f} ms per request, +{hop.get('ttft_ms', 0):.1f} ms to the first token.",
+            f"{data['rounds']} rounds. The Redis hop, one request at a time (median over requests of the difference on "
+            f"the same request): {hop.get('per_request_ms', 0):+.1f} ms per request, {hop.get('ttft_ms', 0):+.1f} ms "
+            "to the first token.",
             table(["contender", "req/s", "tok/s", "p50 ms", "p95 ms", "sequential p50 ms", "TTFT p50 ms"], rows),
             _image(results, "pools.png", base, "throughput and latency per contender"),
         ]

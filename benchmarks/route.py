@@ -114,7 +114,8 @@ def cross_validate(
             classifier = train(fit, margin)
             scores = classifier.score_many(record.request for record in held)
             reports.append(evaluate(scores, held, margin, classifier.threshold if threshold is None else threshold))
-            progress.step(job, status=f"oracle gain {reports[-1]['oracle_gain_ratio']:.3f}")
+            gain = reports[-1]["oracle_gain_ratio"]  # None: no held-out subtask gains on DSpark
+            progress.step(job, status="no gain to find" if gain is None else f"oracle gain {gain:.3f}")
     summary: dict[str, Any] = {
         "folds": folds,
         "subtasks": len(measured),
@@ -122,7 +123,9 @@ def cross_validate(
     }
     for name in ("auroc", "oracle_gain_ratio", "all_dspark_gain_ratio"):
         values = np.array([report[name] for report in reports if report[name] is not None])
-        summary[f"{name}_mean"], summary[f"{name}_std"] = float(values.mean()), float(values.std())
+        summary[f"{name}_folds"] = len(values)  # the folds with a value: both labels, or some gain to find
+        summary[f"{name}_mean"] = float(values.mean()) if len(values) else None
+        summary[f"{name}_std"] = float(values.std()) if len(values) else None
     return summary
 
 
@@ -244,7 +247,8 @@ def _print(report: dict[str, Any]) -> None:
         table.add_row(name, f"{report[name]:.0f}", f"< {TARGETS[name]:.0f}" if name in TARGETS else "")
     if cv := report.get("cross_validation"):
         for name in ("auroc", "oracle_gain_ratio", "all_dspark_gain_ratio"):
-            value = f"{cv[f'{name}_mean']:.3f} ± {cv[f'{name}_std']:.3f}"
+            mean, std = cv[f"{name}_mean"], cv[f"{name}_std"]
+            value = "n/a" if mean is None else f"{mean:.3f} ± {std:.3f} ({cv[f'{name}_folds']} folds)"
             table.add_row(f"{name} ({cv['folds']}-fold by template)", value, "")
     if (online := report.get("online")) and online["oracle_gain_ratio_mean"] is not None:
         label = f"retrained every {online['batch']} from a {online['shadow']:.0%} shadow log"

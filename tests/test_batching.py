@@ -287,3 +287,23 @@ def test_the_batch_keeps_its_cache_compact(heads_model):
     complete_together(backend, requests)
     assert records and all(slots <= longest + 32 + 4 for slots, longest in records)
     assert torch.equal(kv.valid, torch.zeros((0, 0), dtype=torch.bool))
+
+
+def test_a_dspark_backend_loads_on_a_thread_that_ends_whoever_calls(monkeypatch):
+    """A CLI or benchmark that calls from_pretrained on its main thread, which lives on, must not be left the
+    OpenMP team of the load's torch work (the SPS profile, the drafter's round costs): the decode engine's steps
+    would pay for it (backends/threads.py)."""
+    from backends.dspark import backend as dspark_backend
+    from tests.test_dspark_mini import MODEL
+
+    workers: list[threading.Thread] = []
+    real = dspark_backend.measure_round
+
+    def measure_round(*args, **kwargs):
+        workers.append(threading.current_thread())
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dspark_backend, "measure_round", measure_round)
+    backend = DSparkBackend.from_pretrained(MODEL, device="cpu")
+    assert backend.drafter is not None and len(workers) == 1
+    assert workers[0] is not threading.current_thread() and not workers[0].is_alive()

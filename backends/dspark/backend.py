@@ -30,6 +30,7 @@ from backends.errors import InvalidRequestError, ModelLoadError
 from backends.loading import LoadedModel, load_model
 from backends.local import LocalBackend
 from backends.steps import DecodeLoop
+from backends.threads import on_own_thread
 from backends.types import DSparkOptions, GenerationRequest, GenerationStats
 
 Drafter = Literal["heads", "dspark"]
@@ -80,8 +81,31 @@ class DSparkBackend(LocalBackend):
         """Span-heads options default to what the model's dspark_config.json was tuned with; the published drafter
         comes from ``drafter_path`` or the folder's ``dspark_drafter/``, its SPS profile from beside the model
         (measured on first load on a machine). The pool's ``drafter`` must be there; the other is optional. No
-        ``drafter``: :data:`DEFAULT_DRAFTER` where the folder carries it, else the one it does carry."""
-        path = Path(path)
+        ``drafter``: :data:`DEFAULT_DRAFTER` where the folder carries it, else the one it does carry.
+
+        Loading runs torch work big enough for OpenMP (the SPS profile, the drafter's round costs): it runs on a
+        thread that ends with it, whoever calls, so that no OpenMP team outlives it in the caller's thread and
+        slows the decode engine's steps (:mod:`backends.threads`; a CLI that loaded on its main thread measured
+        a 4-token forward at 2.3x its cost)."""
+        return on_own_thread(
+            lambda: cls._load(
+                Path(path), device, dtype, span_lengths, thresholds, verification, drafter, drafter_path, limits
+            )
+        )
+
+    @classmethod
+    def _load(
+        cls,
+        path: Path,
+        device: str,
+        dtype: str,
+        span_lengths: tuple[int, ...] | None,
+        thresholds: dict[int, float] | None,
+        verification: str,
+        drafter: Drafter | None,
+        drafter_path: str | Path | None,
+        limits: BatchLimits | None,
+    ) -> DSparkBackend:
         drafter_dir = Path(drafter_path) if drafter_path is not None else path / DRAFTER_DIR
         carried = {
             "heads": (path / HEADS_CONFIG_FILE).is_file(),
