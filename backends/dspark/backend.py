@@ -86,53 +86,40 @@ class DSparkBackend(LocalBackend):
         Loading runs torch work big enough for OpenMP (the SPS profile, the drafter's round costs): it runs on a
         thread that ends with it, whoever calls, so that no OpenMP team outlives it in the caller's thread and
         slows the decode engine's steps (:mod:`backends.threads`; a CLI that loaded on its main thread measured
-        a 4-token forward at 2.3x its cost)."""
-        return on_own_thread(
-            lambda: cls._load(
-                Path(path), device, dtype, span_lengths, thresholds, verification, drafter, drafter_path, limits
-            )
-        )
-
-    @classmethod
-    def _load(
-        cls,
-        path: Path,
-        device: str,
-        dtype: str,
-        span_lengths: tuple[int, ...] | None,
-        thresholds: dict[int, float] | None,
-        verification: str,
-        drafter: Drafter | None,
-        drafter_path: str | Path | None,
-        limits: BatchLimits | None,
-    ) -> DSparkBackend:
-        drafter_dir = Path(drafter_path) if drafter_path is not None else path / DRAFTER_DIR
+        a 4-token verification at 2.7x its cost)."""
+        folder = Path(path)
+        drafter_dir = Path(drafter_path) if drafter_path is not None else folder / DRAFTER_DIR
         carried = {
-            "heads": (path / HEADS_CONFIG_FILE).is_file(),
+            "heads": (folder / HEADS_CONFIG_FILE).is_file(),
             "dspark": (drafter_dir / DRAFTER_CONFIG_FILE).is_file(),
         }
-        if drafter is None:
-            drafter = next((d for d in (DEFAULT_DRAFTER, *carried) if carried[d]), DEFAULT_DRAFTER)
-        loaded = load_model(path, device=device, dtype=dtype)
-        model = None
-        if drafter == "heads" or carried["heads"]:
-            model = DSparkModel(loaded, SpanHeads.load(path, device=loaded.device, dtype=loaded.model.dtype))
-        published, schedule = None, None
-        if drafter == "dspark" or carried["dspark"]:
-            published = load_drafter(loaded, drafter_dir)
-            rows = (limits or BatchLimits()).max_batch
-            sps = load_or_profile(path, loaded, rows * (published.block_size + 1))
-            draft_s = measure_round(loaded, published).draft_s
-            schedule = VerifySchedule(sps=sps, verification=verification, draft_s=draft_s)
-        policy = None
-        if model is not None:
-            config = model.dspark_config
-            policy = SpanPolicy(
-                span_lengths=tuple(span_lengths or config.span_lengths),
-                thresholds=dict(thresholds or config.thresholds),
-                verification=verification,
+        default = drafter or next((d for d in (DEFAULT_DRAFTER, *carried) if carried[d]), DEFAULT_DRAFTER)
+
+        def load() -> DSparkBackend:
+            loaded = load_model(folder, device=device, dtype=dtype)
+            model = None
+            if default == "heads" or carried["heads"]:
+                model = DSparkModel(loaded, SpanHeads.load(folder, device=loaded.device, dtype=loaded.model.dtype))
+            published, schedule = None, None
+            if default == "dspark" or carried["dspark"]:
+                published = load_drafter(loaded, drafter_dir)
+                rows = (limits or BatchLimits()).max_batch
+                sps = load_or_profile(folder, loaded, rows * (published.block_size + 1))
+                draft_s = measure_round(loaded, published).draft_s
+                schedule = VerifySchedule(sps=sps, verification=verification, draft_s=draft_s)
+            policy = None
+            if model is not None:
+                config = model.dspark_config
+                policy = SpanPolicy(
+                    span_lengths=tuple(span_lengths or config.span_lengths),
+                    thresholds=dict(thresholds or config.thresholds),
+                    verification=verification,
+                )
+            return cls(
+                model, policy, drafter=published, schedule=schedule, default=default, loaded=loaded, limits=limits
             )
-        return cls(model, policy, drafter=published, schedule=schedule, default=drafter, loaded=loaded, limits=limits)
+
+        return on_own_thread(load)
 
     @property
     def draft_s(self) -> float:
