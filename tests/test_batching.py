@@ -175,7 +175,7 @@ def test_a_full_batch_queues_then_refuses_with_a_typed_error(heads_model):
     next(long)
     queued: list = []
     waiter = threading.Thread(
-        target=lambda: queued.append(backend.complete(GenerationRequest(prompt="x", max_tokens=3)))
+        target=lambda: queued.append(backend.complete(GenerationRequest(prompt="x", max_tokens=3, temperature=0.0)))
     )
     waiter.start()
     deadline = time.monotonic() + 10
