@@ -14,7 +14,7 @@ import torch
 
 from backends.constraints import GrammarConstraint
 from backends.engine import BatchLimits
-from backends.loading import load_model
+from backends.loading import load_shared
 from backends.local import LocalBackend
 from backends.sampling import pick_token
 from backends.steps import DecodeLoop, Forward
@@ -28,7 +28,7 @@ class AutoregressiveBackend(LocalBackend):
     def from_pretrained(
         cls, path: str | Path, device: str = "auto", dtype: str = "auto", limits: BatchLimits | None = None
     ) -> AutoregressiveBackend:
-        return cls(load_model(path, device=device, dtype=dtype), limits)
+        return cls(load_shared(path, device=device, dtype=dtype), limits)
 
     def _decode(
         self,

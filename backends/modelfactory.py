@@ -1,6 +1,6 @@
 """Build small causal LMs from nothing: a byte-level BPE tokenizer trained on the spot and a fresh model.
 
-Nothing may be downloaded here, so the tests' tiny models and the dspark-mini demo model both start from
+Nothing may be downloaded here, so the tests' tiny models start from
 this module: the same tokenizer recipe (ChatML-style chat template, EOS that the model config agrees with)
 and the same model configs, saved in Hugging Face format.
 """

@@ -1,8 +1,9 @@
 """How a request's response_format and tools reach the model: as compact notes in the system message.
 
 Chat templates of small models have no place for tools or schemas, so the format and the tool signatures are
-written into the system message. The demo model is trained on prompts built by this same function
-(backends.dspark.corpus), and every backend builds its prompts with it, so training and serving agree.
+written into the system message. Every backend builds its prompts with it, and so does the drafters'
+self-distillation (:mod:`backends.training.distill` sends its prompts through a backend), so the drafters learn
+the target's answers to exactly what serving sends it.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictInt,
     ValidationError,
     WithJsonSchema,
     field_validator,
@@ -23,6 +24,8 @@ from backends.errors import InvalidRequestError
 
 MAX_TOKENS_LIMIT = 32_768
 MAX_STOP_STRINGS = 4
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+"""What a torch generator takes; a seed outside it is the request's fault, refused before it reaches a pool."""
 # OpenAI's defaults for sampling arguments a client leaves out. Decoding, routing rules, classifier features,
 # calibration and decision records all read them from here, so an unset temperature means one thing everywhere;
 # a pool or policy that wants another default says so in its config (``defaults: {temperature: 0}``).
@@ -95,6 +98,11 @@ class DSparkOptions(BaseModel):
         le=1.0,
         description="dspark drafter: verify up to the first c_k below this instead of the hardware-aware schedule",
     )
+    lookup: Literal["off", "beside", "only"] | None = Field(
+        default=None,
+        description="dspark drafter: blocks copied from the context (n-gram lookup) beside the drafter's, "
+        "whichever has been accepted more in this request, or only those",
+    )
 
     @field_validator("thresholds")
     @classmethod
@@ -111,11 +119,11 @@ class GenerationRequest(BaseModel):
 
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    max_tokens: int = DEFAULT_MAX_TOKENS
+    max_tokens: StrictInt = DEFAULT_MAX_TOKENS
     temperature: float = DEFAULT_TEMPERATURE
     top_p: float = DEFAULT_TOP_P
-    top_k: int = 0
-    seed: int | None = None
+    top_k: StrictInt = 0
+    seed: StrictInt | None = None
     stop: list[str] = Field(default_factory=list)
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -170,6 +178,13 @@ class GenerationRequest(BaseModel):
     def _check_top_p(cls, value: float) -> float:
         if not 0.0 < value <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {value}")
+        return value
+
+    @field_validator("seed")
+    @classmethod
+    def _check_seed(cls, value: int | None) -> int | None:
+        if value is not None and not SEED_MIN <= value <= SEED_MAX:
+            raise ValueError(f"seed must be between {SEED_MIN} and {SEED_MAX}, got {value}")
         return value
 
     @field_validator("top_k")
@@ -263,6 +278,8 @@ class SpanStats(BaseModel):
     cleared_threshold: dict[int, int] = Field(default_factory=dict)
     fallback_steps: int = 0
     steps: int = 0
+    copied_rounds: int = 0
+    """Rounds that verified a block copied from the context (n-gram lookup) instead of a drafted one."""
 
     @property
     def fallback_rate(self) -> float:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from backends.default_model import DEFAULT_MODEL
 from backends.progress import JobProgress
 from backends.threads import on_own_thread
 from backends.types import GenerationRequest
@@ -39,7 +40,6 @@ from benchmarks.decode_sets import held_out_sets, shared_sets
 from benchmarks.local_serve import transformers_serve
 from benchmarks.output import write_json
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
 CONCURRENCY = (1, 4, 16, 64)
 CONTENDERS = ("batched", "sequential", "dspark_scheduled", "dspark_fixed", "transformers_serve")
 Complete = Callable[[GenerationRequest], int]

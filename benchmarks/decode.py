@@ -3,9 +3,11 @@ paths, one run.
 
 Every prompt is run by every contender back to back (interleaved, after a warm-up), on the same model and
 the same thread count, so machine noise hits all of them alike and the speedups are ratios measured side by
-side. Contenders: our autoregressive backend, transformers greedy ``generate()``, prompt-lookup decoding and
-assisted generation with a smaller draft model, and per drafter (``heads``: the span heads, ``dspark``: the
-published drafter) DSpark exact and DSpark confidence mode (drafts committed unverified).
+side. Contenders: our autoregressive backend, transformers greedy ``generate()`` and prompt-lookup decoding
+(``prompt_lookup_num_tokens``), and the DSpark pool's variants (:data:`VARIANTS`: span heads, the published
+drafter, that drafter with copied blocks beside it, copied blocks alone), exact; with ``--confidence-mode`` also
+heads and drafter committing their drafts unverified. (Assisted generation needs a smaller model on the target's
+tokenizer; SmolLM2-135M is the smallest of its family, so there is none to run.)
 
 Prompt sets: held-out chat subtasks (a seed the training corpus never used) in the categories the DSpark pool
 is meant for (code, json, extraction) and the one it is not (prose, greedy and at temperature 0.8); and with
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -31,23 +34,31 @@ from pathlib import Path
 import torch
 
 from backends.autoregressive import AutoregressiveBackend
+from backends.default_model import DEFAULT_MODEL, drafters_for
 from backends.dspark import DSparkBackend
-from backends.dspark.drafter_config import CONFIG_FILE as DRAFTER_CONFIG_FILE
-from backends.dspark.drafter_config import DRAFTER_DIR
-from backends.dspark.drafter_train import REPORT_FILE as TRAIN_REPORT_FILE
+from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.profile import measure_round
-from backends.loading import load_model, prompt_ids
+from backends.loading import prompt_ids
 from backends.progress import JobProgress
 from backends.threads import on_own_thread
+from backends.training.drafter import REPORT_FILE as TRAIN_REPORT_FILE
 from backends.types import DSparkOptions, GenerationRequest, SpanStats
 from benchmarks import decode_plots, decode_probe
 from benchmarks.decode_sets import PromptSet, held_out_sets, shared_sets
+from benchmarks.decode_ties import Tie, find_tie
 from benchmarks.output import write_json, write_plots
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
-DEFAULT_DRAFT = Path(__file__).resolve().parents[1] / "models" / "dspark-mini-draft"
 DRAFTERS = ("heads", "dspark")
+VARIANTS: dict[str, tuple[str, DSparkOptions]] = {
+    "heads": ("heads", DSparkOptions(drafter="heads")),
+    "dspark": ("dspark", DSparkOptions(drafter="dspark", lookup="off")),
+    "hybrid": ("dspark", DSparkOptions(drafter="dspark", lookup="beside")),
+    "lookup": ("dspark", DSparkOptions(drafter="dspark", lookup="only")),
+}
+"""Each decoding variant of the DSpark pool, with the trained drafter it needs: span heads; the published drafter;
+that drafter with blocks copied from the context beside its own (``hybrid``); and copied blocks alone (``lookup``,
+n-gram lookup verified in the same loop, which needs no training)."""
 
 
 @dataclass
@@ -102,12 +113,12 @@ def _add_lists(total: list[int], more: list[int]) -> list[int]:
     return [a + b for a, b in zip_longest(total, more, fillvalue=0)]
 
 
-def available_drafters(model: Path) -> list[str]:
-    """The drafters a model folder carries: span heads (``dspark_config.json``), the published drafter
-    (``dspark_drafter/``)."""
+def available_drafters(folder: Path) -> list[str]:
+    """The drafters a folder carries: span heads (``dspark_config.json``), the published drafter
+    (``dspark_drafter/``, or the folder itself)."""
     found = {
-        "heads": (model / HEADS_CONFIG_FILE).is_file(),
-        "dspark": (model / DRAFTER_DIR / DRAFTER_CONFIG_FILE).is_file(),
+        "heads": (folder / HEADS_CONFIG_FILE).is_file(),
+        "dspark": is_drafter_dir(folder) or is_drafter_dir(folder / DRAFTER_DIR),
     }
     return [d for d in DRAFTERS if found[d]]
 
@@ -115,15 +126,21 @@ def available_drafters(model: Path) -> list[str]:
 class Contenders:
     """Each contender as a function request -> Run, all sharing one loaded base model."""
 
-    def __init__(self, model_path: Path, draft_path: Path | None, drafters: list[str]) -> None:
-        self.drafters = drafters
-        self.dspark = DSparkBackend.from_pretrained(model_path, device="cpu", drafter=drafters[0])
-        self.ar = AutoregressiveBackend(self.dspark.loaded)
-        self.draft = (
-            on_own_thread(lambda: load_model(draft_path, device="cpu").model)
-            if draft_path and draft_path.is_dir()
-            else None
+    def __init__(
+        self,
+        model_path: Path,
+        drafters_path: Path,
+        variants: list[str],
+        dtype: str = "auto",
+        confidence_mode: bool = False,
+    ) -> None:
+        self.variants = variants
+        self.drafters = [d for d in DRAFTERS if any(VARIANTS[v][0] == d for v in variants)]
+        self.confidence_mode = confidence_mode
+        self.dspark = DSparkBackend.from_pretrained(
+            model_path, device="cpu", dtype=dtype, drafter=self.drafters[0], drafter_path=drafters_path
         )
+        self.ar = AutoregressiveBackend(self.dspark.loaded)
 
     def runners(self) -> dict[str, Callable[[GenerationRequest], Run]]:
         runners = {
@@ -131,12 +148,13 @@ class Contenders:
             "hf_greedy": lambda r: self._hf(r),
             "hf_prompt_lookup": lambda r: self._hf(r, prompt_lookup_num_tokens=10),
         }
-        if self.draft is not None:
-            runners["hf_assisted"] = lambda r: self._hf(r, assistant_model=self.draft)
-        for drafter in self.drafters:
-            for suffix, verification in (("", "exact"), ("_confidence", "confidence")):
-                options = DSparkOptions(drafter=drafter, verification=verification)
-                runners[f"dspark_{drafter}{suffix}"] = lambda r, o=options: self._local(
+        for variant in self.variants:
+            options = VARIANTS[variant][1]
+            modes = [("", options)]
+            if self.confidence_mode and variant in DRAFTERS:
+                modes.append(("_confidence", options.model_copy(update={"verification": "confidence"})))
+            for suffix, chosen in modes:
+                runners[f"dspark_{variant}{suffix}"] = lambda r, o=chosen: self._local(
                     self.dspark, r.model_copy(update={"dspark": o})
                 )
         return runners
@@ -184,6 +202,18 @@ class Contenders:
             lambda: decode_probe.probe_dspark(self.dspark.loaded, self.dspark.drafter, sequence, len(prompt))
         )
 
+    def ties(self, prompt_set: PromptSet, runs: list[dict[str, Run]], variants: list[str]) -> dict[str, list[Tie]]:
+        """Per variant, the cause of each greedy output that left the autoregressive one (:mod:`decode_ties`)."""
+        loaded, found = self.dspark.loaded, {}
+        for request, run in zip(prompt_set.requests, runs):
+            prompt = prompt_ids(loaded, request)
+            for variant in variants:
+                reference, other = run["ar"].tokens, run[f"dspark_{variant}"].tokens
+                if reference != other:
+                    tie = on_own_thread(lambda p=prompt, r=reference, o=other: find_tie(loaded, p, r, o))
+                    found.setdefault(variant, []).append(tie)
+        return found
+
     def round_costs(self) -> dict[str, float] | None:
         """Where a published-drafter round's time goes on this machine (the target's step and verification, the
         drafter's parts), to read the speedups against; None without that drafter."""
@@ -197,10 +227,10 @@ class Contenders:
         return decode_probe.dspark_verified
 
 
-def drafter_training_report(model: Path) -> dict | None:
+def drafter_training_report(folder: Path) -> dict | None:
     """The published drafter's own held-out numbers from training (ECE before and after calibration, acceptance
     by position), to read beside the ones measured here; None when the folder has no training report."""
-    file = model / DRAFTER_DIR / TRAIN_REPORT_FILE
+    file = (folder if is_drafter_dir(folder) else folder / DRAFTER_DIR) / TRAIN_REPORT_FILE
     return json.loads(file.read_text()) if file.is_file() else None
 
 
@@ -211,7 +241,11 @@ def agreement(reference: list[int], other: list[int]) -> float:
 
 
 def set_summary(
-    prompt_set: PromptSet, tallies: dict[str, Tally], runs: list[dict[str, Run]], drafters: list[str]
+    prompt_set: PromptSet,
+    tallies: dict[str, Tally],
+    runs: list[dict[str, Run]],
+    variants: list[str],
+    ties: dict[str, list[Tie]],
 ) -> dict:
     ar, hf = tallies["ar"].tokens_per_s, tallies["hf_greedy"].tokens_per_s
     summary = {
@@ -221,19 +255,24 @@ def set_summary(
         "drafters": {},
     }
     greedy = prompt_set.temperature == 0
-    for drafter in drafters:
-        exact, confidence = tallies[f"dspark_{drafter}"], tallies[f"dspark_{drafter}_confidence"]
-        agreements = [agreement(r["ar"].tokens, r[f"dspark_{drafter}_confidence"].tokens) for r in runs]
-        mismatches = sum(r[f"dspark_{drafter}"].tokens != r["ar"].tokens for r in runs)
-        summary["drafters"][drafter] = {
+    for variant in variants:
+        exact = tallies[f"dspark_{variant}"]
+        confidence = tallies.get(f"dspark_{variant}_confidence")
+        mismatches = sum(r[f"dspark_{variant}"].tokens != r["ar"].tokens for r in runs)
+        entry = {
             "tokens_per_s": exact.tokens_per_s,
             "speedup": exact.tokens_per_s / ar if ar else None,
             "speedup_vs_hf_greedy": exact.tokens_per_s / hf if hf else None,
             **exact.drafter_summary(),
             "lossless_mismatches": mismatches if greedy else None,
-            "confidence_mode_speedup": confidence.tokens_per_s / ar if ar else None,
-            "confidence_mode_token_agreement": sum(agreements) / len(agreements) if greedy and agreements else None,
+            "mismatch_causes": [tie.to_dict() for tie in ties.get(variant, [])],
+            "mismatches_explained": sum(tie.explained for tie in ties.get(variant, [])) if greedy else None,
         }
+        if confidence is not None:
+            agreements = [agreement(r["ar"].tokens, r[f"dspark_{variant}_confidence"].tokens) for r in runs]
+            entry["confidence_mode_speedup"] = confidence.tokens_per_s / ar if ar else None
+            entry["confidence_mode_token_agreement"] = sum(agreements) / len(agreements) if greedy else None
+        summary["drafters"][variant] = entry
     return summary
 
 
@@ -244,9 +283,17 @@ def warm_ups(sets: list[PromptSet]) -> list[GenerationRequest]:
     return [first.model_copy(update={"max_tokens": 8, "temperature": t}) for t in temperatures]
 
 
-def run_benchmark(model: Path, draft: Path | None, sets: list[PromptSet], drafters: list[str]) -> dict:
+def run_benchmark(
+    model: Path,
+    drafters_path: Path,
+    sets: list[PromptSet],
+    variants: list[str],
+    dtype: str = "auto",
+    confidence_mode: bool = False,
+) -> dict:
     torch.manual_seed(0)
-    contenders = Contenders(model, draft, drafters)
+    contenders = Contenders(model, drafters_path, variants, dtype, confidence_mode)
+    drafters = contenders.drafters
     runners = contenders.runners()
     for warm in warm_ups(sets):
         for run in runners.values():
@@ -268,20 +315,25 @@ def run_benchmark(model: Path, draft: Path | None, sets: list[PromptSet], drafte
                         rows = contenders.probe(drafter, request, runs[-1]["ar"].tokens)
                         probes[drafter].setdefault(prompt_set.name, []).append(rows)
                 progress.step(task, status=prompt_set.name)
-            report_sets[prompt_set.name] = set_summary(prompt_set, tallies, runs, drafters)
-    mismatches = [d["lossless_mismatches"] or 0 for s in report_sets.values() for d in s["drafters"].values()]
+            ties = contenders.ties(prompt_set, runs, variants) if prompt_set.temperature == 0 else {}
+            report_sets[prompt_set.name] = set_summary(prompt_set, tallies, runs, variants, ties)
+    drafted = [d for s in report_sets.values() for d in s["drafters"].values()]
+    mismatches = [d["lossless_mismatches"] or 0 for d in drafted]
     return {
         "model": str(model),
-        "drafters": drafters,
+        "drafters_path": str(drafters_path),
+        "dtype": str(contenders.dspark.loaded.model.dtype).removeprefix("torch."),
+        "cpu": cpu_name(),
+        "drafters": variants,
         "contenders": list(runners),
-        "draft_model": str(draft) if contenders.draft is not None else None,
         "prompts": total,
         "max_tokens": max(r.max_tokens for s in sets for r in s.requests),
         "threads": torch.get_num_threads(),
         "lossless_mismatches": sum(mismatches),
+        "mismatches_explained": sum(d["mismatches_explained"] or 0 for d in drafted),
         "sets": report_sets,
         "probe": {d: decode_probe.summary(rows, contenders.verified_at(d)) for d, rows in probes.items() if rows},
-        "drafter_training": drafter_training_report(model),
+        "drafter_training": drafter_training_report(drafters_path),
         "round_costs_ms": contenders.round_costs(),
     }
 
@@ -297,6 +349,7 @@ def format_table(report: dict) -> str:
         f"{'set':<16}{'drafter':<8}{'AR':>6}{'HF':>6}{'DSpark':>7}{'xAR':>6}{'xHF':>6}"
         f"{'accept':>7}{'verify':>7}{'mism':>5}",
         "tok/s; accept: tokens a round (bonus included); verify: draft tokens verified",
+        "hybrid: dspark drafter plus blocks copied from the context; lookup: copied alone",
     ]
     for name, entry in report["sets"].items():
         tps = entry["tokens_per_s"]
@@ -313,18 +366,29 @@ def format_table(report: dict) -> str:
         for drafter, d in entry["drafters"].items():
             values = " ".join(f"{_cell(v, '.2f'):>4}" for v in d["conditional_acceptance"][:12])
             lines.append(f"{name[:15]:<16}{drafter:<8}{values}")
-    lines.append(f"lossless mismatches (greedy): {report['lossless_mismatches']}")
+    lines.append(
+        f"lossless mismatches (greedy): {report['lossless_mismatches']}, "
+        f"{report['mismatches_explained']} of them ties within the target's rounding"
+    )
     return "\n".join(lines)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--draft-model", type=Path, default=DEFAULT_DRAFT, help="draft for HF assisted generation")
+    parser.add_argument("--drafter-path", type=Path, help="the drafters' folder (default: the model's drafters)")
+    parser.add_argument("--dtype", default="auto", help="the target's precision (auto: bfloat16 where it pays)")
     parser.add_argument("--prompts", type=Path, help="a folder of *.jsonl prompt sets (e.g. ../shared/data/prompts)")
     parser.add_argument("--per-set", type=int, default=30, help="prompts per --prompts set")
     parser.add_argument("--per-category", type=int, default=8, help="held-out subtasks per category (0: none)")
     parser.add_argument("--temperatures", default="0,1", help="comma-separated, for the --prompts sets")
-    parser.add_argument("--drafters", help="comma-separated: heads,dspark (default: those the model folder has)")
+    parser.add_argument("--sampled-sets", help="comma-separated --prompts sets run at temperatures > 0 (default: all)")
+    parser.add_argument(
+        "--drafters",
+        help=f"comma-separated variants of {', '.join(VARIANTS)} (default: all the drafters' folder allows)",
+    )
+    parser.add_argument(
+        "--confidence-mode", action="store_true", help="also run heads and dspark committing drafts unverified"
+    )
     parser.add_argument("--quick", action="store_true", help="2 prompts per set and category, 48 tokens")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
@@ -332,28 +396,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plots", type=Path, help="write the PNGs to this folder")
 
 
-def choose_drafters(model: Path, requested: str | None) -> tuple[list[str], list[str]]:
-    """The drafters to run and notes on those left out; a requested drafter the folder lacks is an error."""
-    have = available_drafters(model)
-    wanted = [d.strip() for d in requested.split(",")] if requested else have
-    unknown = [d for d in wanted if d not in DRAFTERS or d not in have]
+def choose_drafters(folder: Path, requested: str | None) -> tuple[list[str], list[str]]:
+    """The variants to run and notes on those left out; a requested variant whose drafter the folder lacks is an
+    error."""
+    have = available_drafters(folder)
+    possible = [v for v, (drafter, _) in VARIANTS.items() if drafter in have]
+    wanted = [v.strip() for v in requested.split(",")] if requested else possible
+    unknown = [v for v in wanted if v not in possible]
     if unknown or not wanted:
-        raise SystemExit(f"bench decode: {model} has drafters {have or 'none'}; asked for {wanted}")
-    return wanted, [f"{model.name} has no {d} drafter: not benchmarked" for d in DRAFTERS if d not in have]
+        raise SystemExit(f"bench decode: {folder} allows {possible or 'no variant'}; asked for {wanted}")
+    return wanted, [f"{folder.name} has no {d} drafter: not benchmarked" for d in DRAFTERS if d not in have]
+
+
+def cpu_name() -> str:
+    """The CPU a number came from (machines differ; the README says which one measured what)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     per_set, per_category, max_tokens = (2, 2, 48) if args.quick else (args.per_set, args.per_category, args.max_tokens)
-    drafters, notes = choose_drafters(args.model, args.drafters)
+    folder = args.drafter_path or drafters_for(args.model)
+    drafters, notes = choose_drafters(folder, args.drafters)
     sets = held_out_sets(per_category, max_tokens) if per_category else []
     if args.prompts:
         temperatures = [float(t) for t in args.temperatures.split(",")]
-        sets += shared_sets(args.prompts, per_set, max_tokens, temperatures)
+        sampled = set(args.sampled_sets.split(",")) if args.sampled_sets else None
+        sets += shared_sets(args.prompts, per_set, max_tokens, temperatures, sampled)
     for note in notes:
         print(f"note: {note}")
-    report = {**run_benchmark(args.model, args.draft_model, sets, drafters), "notes": notes}
+    report = {
+        **run_benchmark(args.model, folder, sets, drafters, args.dtype, args.confidence_mode),
+        "notes": notes,
+    }
     print(format_table(report))
     write_json(args.json, report)
     write_plots(args.plots, report, decode_plots.draw_all)

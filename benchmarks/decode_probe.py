@@ -19,11 +19,11 @@ import torch
 from transformers import DynamicCache
 
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
-from backends.dspark.drafter_train import ECE_BINS, expected_calibration_error
 from backends.dspark.model import DSparkModel
 from backends.dspark.scheduler import VerifySchedule
 from backends.dspark.selection import SpanPolicy
 from backends.loading import LoadedModel
+from backends.training.drafter import ECE_BINS, expected_calibration_error
 
 THRESHOLDS = [round(0.05 * i, 2) for i in range(20)]
 VerifiedAt = Callable[[float, torch.Tensor], int]
@@ -61,7 +61,8 @@ def probe_heads(model: DSparkModel, sequence: list[int], prompt_len: int, width:
     """At committed position p the heads draft tokens p+2.. (p+1 is the target's own token); only anchors whose
     whole block lies inside the reference count, so the tail is not scored as rejections."""
     hidden, _ = model.forward(sequence, DynamicCache(config=model.config))
-    top, draft = torch.softmax(model.heads(hidden, model.lm_head)[:width].float(), dim=-1).max(dim=-1)
+    top, draft = torch.softmax(model.heads(hidden)[:width].float(), dim=-1).max(dim=-1)
+    draft = model.heads.vocab.target_ids(draft)
     anchors = torch.arange(prompt_len - 1, max(prompt_len - 1, len(sequence) - 1 - width))
     if not len(anchors):
         return ProbeRows(torch.empty(0, width), torch.empty(0, dtype=torch.long))
@@ -86,7 +87,8 @@ def probe_dspark(loaded: LoadedModel, drafter: DSparkDrafter, sequence: list[int
     for t in range(prompt_len, len(sequence) - gamma):
         hidden = drafter.draft_hidden(context, sequence[t])
         prev = ids[0, t : t + gamma]
-        drafts.append(torch.argmax(drafter.base_logits(hidden) + drafter.markov_head(prev), dim=-1))
+        drafted = torch.argmax(drafter.base_logits(hidden) + drafter.markov_head(prev), dim=-1)
+        drafts.append(drafter.vocab.target_ids(drafted))
         if drafter.confidence_head is not None:
             logits.append(drafter.confidence_logits(hidden, prev))
         drafter.extend_context(context, features[t : t + 1])

@@ -47,7 +47,7 @@ BODY = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="router YAML (default: the embedded two-pool config on models/dspark-mini)")
+    p.add_argument("--config", help="router YAML (default: the embedded two-pool config on the default model)")
     p.add_argument("--requests", type=int, default=300, help="timed calls per side and measurement")
     p.add_argument("--max-tokens", type=int, default=8, help="tokens of the short greedy completion")
     p.add_argument("--clients", type=int, default=64, help="concurrent keep-alive clients for /v1/route")

@@ -34,12 +34,12 @@ from pathlib import Path
 import torch
 import yaml
 
+from backends.default_model import DEFAULT_MODEL
 from backends.progress import JobProgress
+from backends.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 from benchmarks.local_redis import LocalRedis
 from benchmarks.output import write_json
-from classifiers.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
 HELD_OUT_SEED = 9_002
 CONTENDERS = {"inprocess_1": 1, "inprocess_2": 2, "redis_1": 1, "redis_2": 2}
 

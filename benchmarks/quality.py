@@ -27,12 +27,12 @@ from pathlib import Path
 import jsonschema
 
 from backends.autoregressive import AutoregressiveBackend
+from backends.default_model import DEFAULT_MODEL
 from backends.progress import JobProgress
+from backends.subtasks import KINDS, OPEN_ENDED_KINDS, Subtask, generate_subtasks
 from backends.types import GenerationRequest, GenerationResult
 from benchmarks.output import write_json
-from classifiers.subtasks import KINDS, OPEN_ENDED_KINDS, Subtask, generate_subtasks
 
-DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
 HELD_OUT_SEED = 4_242
 MODES = {"greedy": 0.0, "t0.7": 0.7}
 CODE_KINDS = ("code_completion", "code_edit")

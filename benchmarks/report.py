@@ -19,8 +19,10 @@ from typing import Any
 
 import torch
 
+from backends.default_model import DEFAULT_DRAFTERS
+
 PUBLISHED = Path(__file__).with_name("published.md")
-SHIPPED_MODEL = Path(__file__).resolve().parents[1] / "models" / "dspark-mini"
+
 PAPER_ACCEPTED = {"gsm8k": 6.11, "math500": 5.70, "humaneval": 5.38, "mbpp": 5.13, "mt-bench": 3.64}
 """The DSpark paper's accepted length per round (Qwen3-4B target, gamma 7, temperature 1.0)."""
 
@@ -324,10 +326,16 @@ def _cpuinfo() -> list[str]:
     return path.read_text().splitlines() if path.is_file() else []
 
 
-def weights_id(model: Path = SHIPPED_MODEL) -> str | None:
-    """The start of the base weights' SHA-256: which weights a benchmark measured."""
-    weights = model / "model.safetensors"
-    return hashlib.sha256(weights.read_bytes()).hexdigest()[:12] if weights.is_file() else None
+def weights_id(folder: Path = DEFAULT_DRAFTERS) -> str | None:
+    """The start of the SHA-256 of the drafters' weights (the target is fixed by its GGUF's checksum): which
+    drafters a benchmark measured."""
+    files = sorted(folder.rglob("*.safetensors"))
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for file in files:
+        digest.update(file.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def _ran(run: dict[str, Any], name: str, shipped: str | None) -> list[str]:

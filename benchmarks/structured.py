@@ -20,6 +20,7 @@ import jsonschema
 import torch
 
 from backends.autoregressive import AutoregressiveBackend
+from backends.default_model import DEFAULT_MODEL
 from backends.dspark import DSparkBackend
 from backends.errors import InvalidRequestError, UnsupportedFormatError
 from backends.progress import JobProgress
@@ -28,7 +29,7 @@ from benchmarks.output import write_json
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_SCHEMAS = REPO.parent / "shared" / "data" / "jsonschemabench"
-DEFAULT_MODEL = REPO / "models" / "dspark-mini"
+
 TEMPERATURES = (0.0, 0.8)
 
 

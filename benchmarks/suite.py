@@ -41,7 +41,13 @@ class Step:
 
 SUITE: tuple[Step, ...] = (
     Step("quality", ("--json", "{results}/quality.json")),
-    Step("decode", ("--prompts", PROMPTS, "--json", "{results}/decode.json", "--plots", "{results}/decode")),
+    Step(
+        "decode",
+        (
+            *("--prompts", PROMPTS, "--per-set", "5", "--sampled-sets", "humaneval,mbpp", "--per-category", "4"),
+            *("--json", "{results}/decode.json", "--plots", "{results}/decode"),
+        ),
+    ),
     Step("structured", ("--max-tokens", "160", "--json", "{results}/structured.json")),
     Step("route", ("--json", "{results}/route.json", "--plot", "{results}/route.png")),
     Step(

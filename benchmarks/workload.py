@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from backends.default_model import DEFAULT_MODEL
 from backends.dspark.scheduler import SpsCurve
 from backends.errors import InvalidRequestError
 from backends.progress import JobProgress
@@ -52,7 +53,7 @@ if TYPE_CHECKING:
     from classifiers.model import DeterminismClassifier
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = ROOT / "models" / "dspark-mini"
+
 DEFAULT_PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
 RATES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
 QUICK = {"items": 33, "requests": 15, "rounds": 2, "rates": (0.5, 1.5, 3.0), "max_tokens": 48}

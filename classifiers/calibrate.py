@@ -32,9 +32,9 @@ from backends.dspark.backend import DSparkBackend
 from backends.errors import InvalidRequestError
 from backends.local import LocalBackend
 from backends.progress import JobProgress
+from backends.subtasks import Subtask
 from backends.types import GenerationRequest, GenerationResult
 from classifiers.records import Measurement, Split
-from classifiers.subtasks import Subtask
 
 DEFAULT_MAX_TOKENS = 128
 WARMUP_TOKENS = 8

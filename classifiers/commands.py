@@ -20,11 +20,11 @@ import torch
 from rich.console import Console
 
 from backends.errors import InvalidRequestError
+from backends.subtasks import read_jsonl
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
 from classifiers.calibrate import DEFAULT_MAX_TOKENS, load_pools, measure_with_progress, summary_table
 from classifiers.corpus import CORPUS_PATH, template_splits
 from classifiers.records import Measurement, read_measurements, write_measurements
-from classifiers.subtasks import read_jsonl
 
 
 def _add_score(sub: argparse._SubParsersAction) -> None:

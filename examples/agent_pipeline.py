@@ -5,7 +5,7 @@ finish, a summary, and a story. The first four have one right answer that a smal
 ahead; the story does not. The table shows what the router made of each: the pool, the rule or classifier score
 behind the choice, the mean tokens accepted per forward pass, and the time.
 
-    python examples/agent_pipeline.py                      # the embedded default: both pools on models/dspark-mini
+    python examples/agent_pipeline.py                      # embedded default: SmolLM2-135M-Instruct
     python examples/agent_pipeline.py --config router.yaml --task "Plan a team offsite in Porto"
     python examples/agent_pipeline.py --gateway            # what `make demo` runs: the same, over HTTP
     python examples/agent_pipeline.py --base-url http://127.0.0.1:8000/v1   # a gateway that is already running
@@ -54,6 +54,13 @@ BOOKING_TOOL = {
     },
 }
 
+ARRIVAL = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "city": {"type": "string"}, "date": {"type": "string"}},
+    "required": ["name", "city", "date"],
+    "additionalProperties": False,
+}
+
 
 def plan(task: str) -> list[tuple[str, dict[str, Any]]]:
     """The agent's planner: one task in, labelled subtasks (chat-completions arguments) out."""
@@ -69,6 +76,8 @@ def plan(task: str) -> list[tuple[str, dict[str, Any]]]:
                 "You are an agent that calls tools.",
                 f"{task}: book a venue in Lisbon for 12 people on 2025-06-12.",
                 tools=[BOOKING_TOOL],
+                tool_choice="required",
+                temperature=0,
                 max_tokens=64,
             ),
         ),
@@ -77,7 +86,8 @@ def plan(task: str) -> list[tuple[str, dict[str, Any]]]:
             chat(
                 "You extract structured data. Reply with JSON only.",
                 "Extract name, city and date: Elena Rossi arrives in Lisbon on 2025-06-11.",
-                response_format={"type": "json_object"},
+                response_format={"type": "json_schema", "json_schema": {"name": "arrival", "schema": ARRIVAL}},
+                temperature=0,
                 max_tokens=64,
             ),
         ),
@@ -85,17 +95,19 @@ def plan(task: str) -> list[tuple[str, dict[str, Any]]]:
             "code",
             chat(
                 "You are a coding assistant. Reply with code only.",
-                "Complete the function:\ndef slugify(title: str) -> str:\n    ",
+                "Write a Python function is_even(n) that returns True when n is even.",
                 temperature=0,
-                max_tokens=96,
+                stop=["\n```"],
+                max_tokens=64,
             ),
         ),
         (
             "summary",
             chat(
                 "You write short, factual summaries.",
-                f"Summarise in one sentence: {task}. Twelve people, three days in Lisbon, one workshop a day, "
-                "a shared dinner on the last evening, budget 9000 euros.",
+                "Summarise in one sentence: Twelve people will spend three days in Lisbon, with one workshop a day "
+                "and a shared dinner on the last evening; the budget is 9000 euros.",
+                temperature=0,
                 max_tokens=64,
             ),
         ),
@@ -238,7 +250,7 @@ def local_gateway(config: str | None) -> Iterator[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="router YAML (default: the embedded config on models/dspark-mini)")
+    parser.add_argument("--config", help="router YAML (default: the embedded config on the default model)")
     parser.add_argument("--task", default="Plan a three-day team offsite in Lisbon")
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, help="cap every subtask's max_tokens (for a quick run)")

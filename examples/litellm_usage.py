@@ -52,7 +52,7 @@ async def run_async(litellm, max_tokens: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", help="router YAML (default: the embedded config on models/dspark-mini)")
+    parser.add_argument("--config", help="router YAML (default: the embedded config on the default model)")
     parser.add_argument("--remote-api-base", help="serve the standard pool from this OpenAI-compatible server")
     parser.add_argument("--remote-model", default="openai/default", help="litellm model name for the remote pool")
     parser.add_argument("--max-tokens", type=int, default=32)

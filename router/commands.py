@@ -23,7 +23,7 @@ def add_route(sub: argparse._SubParsersAction) -> None:
         "--request",
         help="a chat-completions body (messages, tools, response_format, metadata...): JSON, a JSON file or - (stdin)",
     )
-    p.add_argument("--config", help="router YAML (default: the embedded two-pool config on models/dspark-mini)")
+    p.add_argument("--config", help="router YAML (default: the embedded two-pool config on the default model)")
     p.add_argument("--generate", action="store_true", help="generate and print the routed result")
     p.add_argument("--max-tokens", type=int, default=None)
     p.set_defaults(handler=_route)

@@ -4,7 +4,7 @@ Everything a request can hit at run time (a rule's pool, an overflow or fallback
 checked against the declared pools at load, so a typo fails the start-up, not the thousandth request.
 Strings may use ``${VAR}`` or ``${VAR:-default}`` to take values (API keys, the demo model path) from the
 environment. Relative model and classifier paths are relative to the config file (for the embedded default:
-the repository).
+the repository); ``model: default`` is the default model and ``drafter_path: default`` its drafters.
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
+from backends.default_model import DEFAULT_MODEL, DEFAULT_NAME, REPO_ROOT, drafters_for
 from backends.types import DSparkOptions
 from router.errors import ConfigError
 from router.gateway.settings import GatewayConfig
 
 DEFAULT_CONFIG = Path(__file__).with_name("default.yaml")
-REPO_ROOT = Path(__file__).resolve().parents[1]
+
 MODEL_ENV = "DSPARK_ROUTER_MODEL"
 RESERVED_RULE_NAMES = frozenset({"hint", "classifier", "time_saved", "default"})
 POOL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -141,6 +142,12 @@ class PoolConfig(_Strict):
         description="dspark pools: span heads, or the published drafter (the model folder's dspark_drafter/); "
         "null: the project's default drafter where the folder carries it, else the one it carries",
     )
+    drafter_path: str | None = Field(
+        default=None,
+        min_length=1,
+        description="dspark pools: the folder the drafters come from, when not the model's own: span heads and a "
+        "dspark_drafter/ folder, or a published DSpark drafter folder itself (deepseek-ai/dspark_qwen3_8b_block7)",
+    )
     transport: Literal["inprocess", "redis"] = Field(
         default="inprocess", description="inprocess: workers are threads here; redis: `dspark-router worker` processes"
     )
@@ -156,11 +163,11 @@ class PoolConfig(_Strict):
             raise ValueError(f"{info.field_name} applies to litellm pools only")
         return value
 
-    @field_validator("decoding")
+    @field_validator("decoding", "drafter_path")
     @classmethod
-    def _dspark_only(cls, value: DSparkOptions | None, info: ValidationInfo) -> DSparkOptions | None:
+    def _dspark_only(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("backend", "dspark") != "dspark":
-            raise ValueError("decoding options apply to dspark pools only")
+            raise ValueError(f"{info.field_name} applies to dspark pools only")
         return value
 
     @property
@@ -303,10 +310,14 @@ def load_config(path: str | Path | None = None, *, check_paths: bool = True) -> 
         raise ConfigError("", f"not valid YAML: {exc}", source=source) from exc
     config = parse_config(data, base_dir=base_dir, source=source)
     if check_paths:
-        hint = "" if path is not None else f" (train the demo model with `make model`, or set {MODEL_ENV})"
+        hint = (
+            "" if path is not None else f" (convert the default model with `dspark-router convert`, or set {MODEL_ENV})"
+        )
         for name, pool in config.pools.items():
             if pool.loads_here and not Path(pool.model).is_dir():
                 raise ConfigError(f"pools.{name}.model", f"{pool.model!r} is not a model folder{hint}", source=source)
+            if pool.loads_here and pool.drafter_path is not None and not Path(pool.drafter_path).is_dir():
+                raise ConfigError(f"pools.{name}.drafter_path", f"{pool.drafter_path!r} is not a folder", source=source)
     return config
 
 
@@ -402,10 +413,18 @@ def _check_references(config: RouterConfig, source: str | None) -> None:
 
 
 def _resolve_paths(config: RouterConfig, base_dir: Path) -> RouterConfig:
-    pools = {
-        name: pool.model_copy(update={"model": str(base_dir / Path(pool.model).expanduser())}) if pool.local else pool
-        for name, pool in config.pools.items()
-    }
+    def resolved(pool: PoolConfig) -> PoolConfig:
+        """``default`` names the default model (:mod:`backends.default_model`), and as ``drafter_path`` its
+        drafters where the model is the default one (another model carries its own, or none)."""
+        model = DEFAULT_MODEL if pool.model == DEFAULT_NAME else base_dir / Path(pool.model).expanduser()
+        drafters = pool.drafter_path
+        if drafters == DEFAULT_NAME:
+            drafters = str(drafters_for(model)) if model == DEFAULT_MODEL else None
+        elif drafters is not None:
+            drafters = str(base_dir / Path(drafters).expanduser())
+        return pool.model_copy(update={"model": str(model), "drafter_path": drafters})
+
+    pools = {name: resolved(pool) if pool.local else pool for name, pool in config.pools.items()}
     pools = {name: _resolve_profile(pool, base_dir) for name, pool in pools.items()}
     pools = {
         name: pool.model_copy(update={"redis_url": pool.redis_url or config.redis_url})

@@ -25,7 +25,7 @@ from router.decisions import Decision, Measured, RoutedResult, RouteRecord, Samp
 from router.errors import PoolClosedError, PoolUnavailableError, QueueFullError, StreamClosed
 from router.health import PoolHealth
 from router.metrics import RouterMetrics
-from router.pools import WAIT_GRACE_S, Pool
+from router.pool import WAIT_GRACE_S, Pool
 from router.records import DecisionLog
 from router.request import RoutedRequest
 

@@ -20,7 +20,7 @@ import httpx
 
 from router.config import PoolConfig
 from router.errors import PoolUnavailableError
-from router.pools import Pool
+from router.pool import Pool
 
 Probe = Callable[[], bool]
 

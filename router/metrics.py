@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from router.decisions import Decision, Measured
-from router.pools import Pool
+from router.pool import Pool
 
 if TYPE_CHECKING:
     from backends.engine import StepRecord

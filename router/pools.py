@@ -1,27 +1,21 @@
 """Worker pools: a bounded queue and a fixed number of workers in front of one kind of backend.
 
-:class:`Pool` is the seam the router talks to: ``submit`` admits a request or refuses it at once (never blocks,
-so a full pool can be spilled elsewhere), ``depth``/``capacity`` say how full it is and ``load`` how busy, for
-load-aware routing. ``complete`` and ``stream`` are built on ``submit`` here, once, so another implementation (a
-Redis-distributed pool) only has to provide ``submit``, ``depth``, ``capacity``, ``load`` and ``close``.
-
-:class:`InProcessPool` runs its workers as threads. Each worker is one replica of the model with its own
-batching loop (:mod:`backends.engine`), which decodes up to ``max_batch`` requests at once; a request goes to
-the replica with the fewest in flight. Replicas load on first use: start-up stays fast, dry-run routing never
-loads a model, and a model that cannot load fails the requests that need it (and can fall back) rather than
-the whole router. The pool consumes the backend's stream even for plain completions, which lets it enforce the
-pool's timeout between forward passes and stop decoding the moment a stream's consumer goes away.
+:class:`InProcessPool` implements :class:`~router.pool.Pool` with worker threads in this process. Each worker
+is one replica of the model with its own batching loop (:mod:`backends.engine`), which decodes up to
+``max_batch`` requests at once; a request goes to the replica with the fewest in flight. Replicas load on first
+use: start-up stays fast, dry-run routing never loads a model, and a model that cannot load fails the requests
+that need it (and can fall back) rather than the whole router. The pool consumes the backend's stream even for
+plain completions, which lets it enforce the pool's timeout between forward passes and stop decoding the moment
+a stream's consumer goes away.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from backends.errors import BackendError, DSparkRouterError, ModelLoadError
 from backends.protocol import Backend
@@ -29,73 +23,14 @@ from backends.threads import on_own_thread
 from backends.types import GenerationRequest, GenerationResult, StreamChunk
 from router.config import PoolConfig
 from router.errors import PoolClosedError, PoolTimeoutError, QueueFullError
-from router.feeds import Feed
 from router.load import PoolLoad
+from router.pool import OnChunk, Pool
 
 if TYPE_CHECKING:
     from backends.engine import StepRecord
 
-OnChunk = Callable[[StreamChunk], None]
-T = TypeVar("T")
-WAIT_GRACE_S = 5.0
 SOLO_SMOOTHING = 0.2
 """Weight of the newest one-row forward in a pool's running mean of the tokens a lone request feeds."""
-
-
-class Pool(ABC):
-    name: str
-    kind: str
-    timeout_s: float
-
-    @abstractmethod
-    def submit(self, request: GenerationRequest, on_chunk: OnChunk | None = None) -> Future[GenerationResult]:
-        """Admit the request or raise :class:`QueueFullError` at once. ``on_chunk`` sees every chunk as it is made,
-        in a worker; if it raises, generation stops and the future fails with that exception."""
-
-    @property
-    @abstractmethod
-    def depth(self) -> int:
-        """Requests admitted and not finished: queued plus running."""
-
-    @property
-    @abstractmethod
-    def capacity(self) -> int:
-        """The depth at which ``submit`` refuses."""
-
-    @abstractmethod
-    def load(self) -> PoolLoad:
-        """How busy the pool is right now; cheap enough to read on every routing decision."""
-
-    @abstractmethod
-    def close(self) -> None:
-        """Refuse new requests and drop queued ones; running ones finish on their own."""
-
-    def warmup(self) -> None:  # noqa: B027 - optional: pools with nothing to preload keep this no-op
-        """Load what can be loaded before the first request, so its latency is not the model's load time."""
-
-    def observe(self, observer: Callable[[StepRecord], None]) -> None:  # noqa: B027 - only batching pools report
-        """Have ``observer`` see every batched forward pass of this pool's local backends (for metrics)."""
-
-    @property
-    def full(self) -> bool:
-        return self.depth >= self.capacity
-
-    def complete(self, request: GenerationRequest) -> GenerationResult:
-        return wait_result(self.submit(request), self.timeout_s + WAIT_GRACE_S, f"pool {self.name!r}")
-
-    def stream(self, request: GenerationRequest) -> Iterator[StreamChunk]:
-        """Chunks as the worker makes them; leaving the loop early stops the generation."""
-        feed: Feed[StreamChunk] = Feed()
-        future = self.submit(request, on_chunk=feed.put)
-        yield from feed.drain(future, self.timeout_s + WAIT_GRACE_S, f"pool {self.name!r}")
-
-
-def wait_result(future: Future[T], timeout_s: float, source: str) -> T:
-    """The future's result, or :class:`PoolTimeoutError` if even the worker's own deadline did not end it."""
-    try:
-        return future.result(timeout=timeout_s)
-    except FutureTimeout:  # not yet the builtin TimeoutError on Python 3.10
-        raise PoolTimeoutError(f"{source} gave no answer within {timeout_s:g}s") from None
 
 
 class InProcessPool(Pool):
@@ -169,6 +104,11 @@ class InProcessPool(Pool):
     def warmup(self) -> None:
         for replica in range(self.workers):
             self._replica(replica)
+
+    @property
+    def replicas(self) -> list[Backend]:
+        """The workers' backends loaded so far."""
+        return [backend for backend in self._replicas if backend is not None]
 
     def observe(self, observer: Callable[[StepRecord], None]) -> None:
         self._observers.append(observer)
@@ -270,7 +210,12 @@ def load_backend(config: PoolConfig) -> Backend:
         from backends.dspark import DSparkBackend
 
         backend = DSparkBackend.from_pretrained(
-            config.model, device=config.device, dtype=config.dtype, drafter=config.drafter, limits=batch_limits(config)
+            config.model,
+            device=config.device,
+            dtype=config.dtype,
+            drafter=config.drafter,
+            drafter_path=config.drafter_path,
+            limits=batch_limits(config),
         )
         return backend.with_options(config.decoding)
     from router.litellm_backend import LiteLLMBackend
@@ -286,13 +231,3 @@ def batch_limits(config: PoolConfig):
     return BatchLimits(
         max_batch=config.max_batch, max_kv_tokens=config.max_kv_tokens, max_queue=config.max_batch + config.max_queue
     )
-
-
-def build_pool(name: str, config: PoolConfig) -> Pool:
-    """The pool a config entry describes: worker threads here, or a queue to ``dspark-router worker`` processes
-    (imported only then, as it builds on this module)."""
-    if config.transport == "redis":
-        from router.redis_pool import RedisPool
-
-        return RedisPool(name, config)
-    return InProcessPool.from_config(name, config)

@@ -26,7 +26,7 @@ from backends.types import GenerationRequest, GenerationResult, StreamChunk
 from router.config import PoolConfig
 from router.errors import PoolClosedError, PoolTimeoutError, PoolUnavailableError, QueueFullError
 from router.load import PoolLoad
-from router.pools import OnChunk, Pool
+from router.pool import OnChunk, Pool
 from router.redis_jobs import Job, PoolKeys, WorkerLoad, error_from_payload, reproducible
 
 READ_BLOCK_MS = 1000

@@ -154,8 +154,11 @@ def _unset(args: Mapping[str, Any], name: str) -> bool:
     return all(args.get(alias) is None for alias in aliases)
 
 
-def _route_hint(model: str | None, route: str | None, pools: frozenset[str]) -> str | None:
+def _route_hint(model: Any, route: Any, pools: frozenset[str]) -> str | None:
     """``model="dspark-router/<pool>"`` (or a bare pool name) and ``metadata.route`` name a pool; ``auto``: none."""
+    for param, value in (("model", model), ("metadata.route", route)):
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequestError(f"{param} must be a string, got {type(value).__name__}", param=param)
     from_model = model.removeprefix(MODEL_PREFIX) if model else None
     hints = {"model": None if from_model == AUTO else from_model, "metadata.route": route}
     for param, hint in hints.items():

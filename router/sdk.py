@@ -35,7 +35,8 @@ from router.feeds import AsyncFeed, Feed
 from router.health import HealthChecks, PoolHealth, probe_for
 from router.metrics import RouterMetrics
 from router.policy import Policy
-from router.pools import Pool, build_pool, wait_result
+from router.pool import Pool, wait_result
+from router.pool_factory import build_pool
 from router.records import DecisionLog
 from router.request import parse_openai_args
 
@@ -55,7 +56,7 @@ class Router:
 
     ``scorer`` overrides the config's classifier (any object with ``score(request_dict) -> float``, and
     optionally the ``threshold`` it routes at; ``None`` for none). ``pools`` replaces the in-process pools with
-    other :class:`~router.pools.Pool` implementations, one per pool the config declares.
+    other :class:`~router.pool.Pool` implementations, one per pool the config declares.
     """
 
     def __init__(

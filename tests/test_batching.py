@@ -289,12 +289,16 @@ def test_the_batch_keeps_its_cache_compact(heads_model):
     assert torch.equal(kv.valid, torch.zeros((0, 0), dtype=torch.bool))
 
 
-def test_a_dspark_backend_loads_on_a_thread_that_ends_whoever_calls(monkeypatch):
+def test_a_dspark_backend_loads_on_a_thread_that_ends_whoever_calls(monkeypatch, tiny_model_paths, tmp_path):
     """A CLI or benchmark that calls from_pretrained on its main thread, which lives on, must not be left the
     OpenMP team of the load's torch work (the SPS profile, the drafter's round costs): the decode engine's steps
     would pay for it (backends/threads.py)."""
     from backends.dspark import backend as dspark_backend
-    from tests.test_dspark_mini import MODEL
+    from backends.dspark.drafter_config import DRAFTER_DIR
+    from backends.loading import load_model
+    from tests.test_dspark_drafter import perturbed_drafter
+
+    perturbed_drafter(load_model(tiny_model_paths["llama"])).save(tmp_path / DRAFTER_DIR)
 
     workers: list[threading.Thread] = []
     real = dspark_backend.measure_round
@@ -304,6 +308,6 @@ def test_a_dspark_backend_loads_on_a_thread_that_ends_whoever_calls(monkeypatch)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(dspark_backend, "measure_round", measure_round)
-    backend = DSparkBackend.from_pretrained(MODEL, device="cpu")
+    backend = DSparkBackend.from_pretrained(tiny_model_paths["llama"], device="cpu", drafter_path=tmp_path)
     assert backend.drafter is not None and len(workers) == 1
     assert workers[0] is not threading.current_thread() and not workers[0].is_alive()

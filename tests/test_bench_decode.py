@@ -49,18 +49,20 @@ def test_bench_decode_reports_both_drafters_side_by_side(both_drafters, tmp_path
     parser = argparse.ArgumentParser()
     decode.add_arguments(parser)
     args = parser.parse_args(
-        ["--model", str(both_drafters), "--draft-model", str(tmp_path / "none"), "--prompts",
-         str(write_prompts(tmp_path / "prompts")), "--per-set", "2", "--per-category", "1", "--max-tokens", "16",
-         "--json", str(tmp_path / "decode.json"), "--plots", str(tmp_path / "plots")]
+        ["--model", str(both_drafters), "--prompts", str(write_prompts(tmp_path / "prompts")), "--per-set", "2",
+         "--per-category", "1", "--max-tokens", "16", "--confidence-mode", "--json", str(tmp_path / "decode.json"),
+         "--plots", str(tmp_path / "plots")]
     )  # fmt: skip
     assert decode.run(args) == 0
     report = json.loads((tmp_path / "decode.json").read_text())
-    assert report["drafters"] == ["heads", "dspark"] and report["notes"] == []
+    assert report["drafters"] == ["heads", "dspark", "hybrid", "lookup"] and report["notes"] == []
+    assert {"dspark_heads_confidence", "dspark_dspark_confidence"} <= set(report["contenders"])
+    assert "dspark_hybrid_confidence" not in report["contenders"]
     expected = {*decode_sets.CATEGORIES, "code", "code_t1", "math", "math_t1"}
     assert set(report["sets"]) == expected
     assert report["lossless_mismatches"] == 0
     for name, entry in report["sets"].items():
-        assert {"ar", "hf_greedy", "dspark_heads", "dspark_dspark"} <= set(entry["tokens_per_s"])
+        assert {"ar", "hf_greedy", "dspark_heads", "dspark_dspark", "dspark_lookup"} <= set(entry["tokens_per_s"])
         for drafter, stats in entry["drafters"].items():
             assert stats["mean_accepted"] >= 1.0, (name, drafter)
             assert stats["mean_verified"] >= 0.0
@@ -88,6 +90,8 @@ def test_bench_decode_runs_heads_only_when_the_folder_has_no_published_drafter(t
     SpanHeads(DSparkConfig(num_heads=2, hidden_size=loaded.model.config.hidden_size)).save(folder)
     drafters, notes = decode.choose_drafters(folder, None)
     assert drafters == ["heads"] and notes == ["heads-only has no dspark drafter: not benchmarked"]
+    with pytest.raises(SystemExit, match="lookup"):
+        decode.choose_drafters(folder, "lookup")
     with pytest.raises(SystemExit, match="dspark"):
         decode.choose_drafters(folder, "heads,dspark")
 

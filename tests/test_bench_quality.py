@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
+from backends.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 from backends.types import GenerationResult, GenerationStats, Usage
 from benchmarks import quality
-from classifiers.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 
 SUBTASKS = generate_subtasks(4 * len(KINDS), seed=quality.HELD_OUT_SEED)
 

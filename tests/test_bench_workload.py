@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from backends.subtasks import KINDS
 from benchmarks import workload
 from benchmarks.workload_mix import arrivals, build_workload
 from benchmarks.workload_policies import POLICIES
-from classifiers.subtasks import KINDS
 from tests.test_bench_decode import write_prompts
 from tests.test_classifier_model import classifier, records, saved  # noqa: F401
 from tests.test_router_support import router_models  # noqa: F401

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import HashingVectorizer
 
+from backends.subtasks import generate_subtasks
 from classifiers.features import (
     STRUCTURE_FEATURES,
     TEXT_HEAD_CHARS,
@@ -16,7 +17,6 @@ from classifiers.features import (
     request_text,
     structure,
 )
-from classifiers.subtasks import generate_subtasks
 
 WEATHER_TOOL = {
     "type": "function",

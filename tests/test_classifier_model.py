@@ -18,12 +18,12 @@ from sklearn.linear_model import LogisticRegression
 
 import classifiers
 from backends.errors import ModelLoadError
+from backends.subtasks import generate_subtasks, read_jsonl
 from classifiers import Scorer
 from classifiers.corpus import CORPUS_PATH, build_corpus, template_splits
 from classifiers.gain import THRESHOLD_GRID, best_threshold, time_saved
 from classifiers.model import FORMAT, ClassifierLoadError, DeterminismClassifier
 from classifiers.records import Measurement
-from classifiers.subtasks import generate_subtasks, read_jsonl
 from classifiers.train import TrainingError, train
 from tests.test_classifier_features import REQUEST_SHAPES
 
@@ -196,9 +196,9 @@ def test_the_shipped_corpus_is_reproducible():
 
 
 def test_the_shipped_classifier_loads_and_scores():
-    """Fails until classifiers/data/default.skops is trained on dspark-mini by ``dspark-router calibrate``."""
+    """Fails until classifiers/data/default.skops is trained on the default model by ``dspark-router calibrate``."""
     shipped = classifiers.load_default()
     for request in [*REQUEST_SHAPES.values(), *(s.to_request_dict() for s in read_jsonl(CORPUS_PATH)[:50])]:
         assert 0.0 <= shipped.score(request) <= 1.0
-    # Calibrated on dspark-mini's measurements: losing a little on a wrong guess costs less than a missed win.
+    # Calibrated on the default model's measurements: losing a little on a wrong guess costs less than a missed win.
     assert shipped.threshold in THRESHOLD_GRID and shipped.threshold < 0.5

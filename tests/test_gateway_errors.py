@@ -116,6 +116,41 @@ def test_a_lone_surrogate_is_400_not_a_crash(gateway, gateway_router):
         gateway_router.complete(messages=[{"role": "user", "content": "caf\udcff"}], max_tokens=2)
 
 
+@pytest.mark.parametrize("seed", [2**64, -(2**63) - 1])
+def test_a_seed_no_generator_takes_is_400_and_leaves_every_pool_serving(gateway, seed):
+    """Refused before it reaches a pool: sent more often than a pool's failure budget, and to each pool, it must
+    not cool any of them down for the requests that follow."""
+    for model in ("dspark-router/dspark", "dspark-router/standard", "dspark-router/auto") * 2:
+        error = error_of(post(gateway.url, json={**CHAT, "model": model, "temperature": 1.0, "seed": seed}), 400)
+        assert error["param"] == "seed" and str(seed) in error["message"]
+    assert httpx.get(f"{gateway.url}/readyz").status_code == 200
+    for model in ("dspark-router/dspark", "dspark-router/standard"):
+        assert post(gateway.url, json={**CHAT, "model": model, "seed": 2**64 - 1}).status_code == 200
+
+
+@pytest.mark.parametrize("model", [5, ["dspark-router/auto"], {"name": "x"}, True])
+def test_a_model_that_is_not_a_string_is_400_naming_it(gateway, model):
+    assert error_of(post(gateway.url, json={**CHAT, "model": model}), 400)["param"] == "model"
+    assert error_of(post(gateway.url, json={**CHAT, "model": model, "stream": True}), 400)["param"] == "model"
+    assert error_of(httpx.post(f"{gateway.url}/v1/route", json={**CHAT, "model": model}), 400)["param"] == "model"
+    routed = {**CHAT, "metadata": {"route": 7}}
+    assert error_of(post(gateway.url, json=routed), 400)["param"] == "metadata.route"
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"max_tokens": "10"}, "max_tokens"),
+        ({"max_tokens": 2.0}, "max_tokens"),
+        ({"seed": "7"}, "seed"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),
+        ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+    ],
+)
+def test_what_openai_refuses_is_400_naming_the_field(gateway, extra, param):
+    assert error_of(post(gateway.url, json={**CHAT, **extra}), 400)["param"] == param
+
+
 def test_an_image_part_is_400_naming_the_part(gateway):
     parts = [{"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": "data:,"}}]
     error = error_of(post(gateway.url, json={**CHAT, "messages": [{"role": "user", "content": parts}]}), 400)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.config import REPO_ROOT, load_config
+from backends.default_model import DEFAULT_DRAFTERS, DEFAULT_MODEL
+from router.config import load_config
 from router.errors import ConfigError
 from tests.test_router_support import config_data, write_config
 
@@ -15,14 +16,26 @@ def test_embedded_default_parses_and_names_its_pools(monkeypatch):
     assert set(config.pools) == {"dspark", "standard"}
     assert config.pools["dspark"].backend == "dspark"
     assert config.pools["standard"].backend == "autoregressive"
-    assert {p.model for p in config.pools.values()} == {str(REPO_ROOT / "models" / "dspark-mini")}
+    assert {p.model for p in config.pools.values()} == {str(DEFAULT_MODEL)}
+    assert config.pools["dspark"].drafter_path == str(DEFAULT_DRAFTERS)
     assert config.redis_url is None
 
 
 def test_model_env_var_overrides_the_default_model(monkeypatch, tmp_path):
+    """Another model carries its own drafters (or none): the default model's are not pointed at it."""
     monkeypatch.setenv("DSPARK_ROUTER_MODEL", str(tmp_path))
     config = load_config(check_paths=False)
     assert {p.model for p in config.pools.values()} == {str(tmp_path)}
+    assert config.pools["dspark"].drafter_path is None
+
+
+def test_the_default_model_is_spelled_once(tmp_path):
+    """``model: default`` and ``drafter_path: default`` in any config, wherever it lies, name the one definition."""
+    data = config_data({"dspark": "default", "standard": "default"})
+    data["pools"]["dspark"]["drafter_path"] = "default"
+    config = load_config(write_config(tmp_path / "r.yaml", data), check_paths=False)
+    assert {p.model for p in config.pools.values()} == {str(DEFAULT_MODEL)}
+    assert config.pools["dspark"].drafter_path == str(DEFAULT_DRAFTERS)
 
 
 def test_relative_model_paths_resolve_against_the_config_file(tmp_path):

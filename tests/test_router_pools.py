@@ -23,9 +23,17 @@ def request(max_tokens: int = 6, messages=MESSAGES) -> GenerationRequest:
     return GenerationRequest(messages=messages, max_tokens=max_tokens, temperature=0.0)
 
 
-def make_pool(path, *, backend="autoregressive", workers=1, max_batch=1, max_queue=1, timeout_s=30.0) -> InProcessPool:
+def make_pool(
+    path, *, backend="autoregressive", workers=1, max_batch=1, max_queue=1, timeout_s=30.0, dtype="auto"
+) -> InProcessPool:
     config = PoolConfig(
-        backend=backend, model=str(path), workers=workers, max_batch=max_batch, max_queue=max_queue, timeout_s=timeout_s
+        backend=backend,
+        model=str(path),
+        workers=workers,
+        max_batch=max_batch,
+        max_queue=max_queue,
+        timeout_s=timeout_s,
+        dtype=dtype,
     )
     return InProcessPool.from_config("p", config)
 
@@ -114,7 +122,8 @@ def test_missing_model_is_a_load_error_per_request(tmp_path):
 
 
 def test_workers_run_at_the_same_time_on_their_own_replicas(router_models):
-    """Both requests must be inside generation at once to pass the barrier: one shared model would serialise them."""
+    """Both requests must be inside generation at once to pass the barrier: one shared engine would serialise them
+    (each worker has its own engine and KV cache; only the weights are shared)."""
     pool = make_pool(router_models["dspark"], backend="dspark", workers=2, max_queue=0)
     barrier = threading.Barrier(2, timeout=20)
     met: set[int] = set()
@@ -128,6 +137,22 @@ def test_workers_run_at_the_same_time_on_their_own_replicas(router_models):
     assert first.result(timeout=30).stats.spans is not None
     assert second.result(timeout=30).text == first.result().text
     pool.close()
+
+
+def test_pools_and_workers_on_one_model_share_one_copy_of_its_weights(router_models):
+    """Two pools (DSpark and standard) of two workers each on one folder hold one model in memory; a pool on
+    another precision loads its own."""
+    dspark = make_pool(router_models["dspark"], backend="dspark", workers=2)
+    standard = make_pool(router_models["dspark"], backend="autoregressive", workers=2)
+    other = make_pool(router_models["dspark"], backend="autoregressive", dtype="bfloat16")
+    for pool in (dspark, standard, other):
+        pool.warmup()
+    models = {id(backend.loaded.model) for pool in (dspark, standard) for backend in pool.replicas}
+    assert len(models) == 1 and len(dspark.replicas) == len(standard.replicas) == 2
+    assert id(other.replicas[0].loaded.model) not in models
+    assert dspark.submit(request()).result(timeout=30).text == standard.submit(request()).result(timeout=30).text
+    for pool in (dspark, standard, other):
+        pool.close()
 
 
 def test_a_closed_pool_refuses(pool):

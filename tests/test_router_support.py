@@ -21,7 +21,7 @@ from backends.dspark import DSparkModel
 from backends.types import GenerationRequest
 from benchmarks.local_redis import free_port
 from router import Router
-from router.pools import Pool
+from router.pool import Pool
 
 MESSAGES = [{"role": "user", "content": "def parse(value):"}]
 

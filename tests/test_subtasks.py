@@ -8,8 +8,7 @@ from collections import Counter, defaultdict
 import jsonschema
 import pytest
 
-from backends.types import GenerationRequest
-from classifiers.subtasks import (
+from backends.subtasks import (
     KINDS,
     OPEN_ENDED_KINDS,
     Subtask,
@@ -19,6 +18,7 @@ from classifiers.subtasks import (
     templates_of,
     write_jsonl,
 )
+from backends.types import GenerationRequest
 
 ALL_TEMPLATES = [template for kind in KINDS for template in templates_of(kind)]
 

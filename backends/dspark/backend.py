@@ -14,11 +14,11 @@ from typing import Literal
 import torch
 
 from backends.constraints import GrammarConstraint
+from backends.default_model import drafters_for
 from backends.dspark import published_decode
 from backends.dspark.decode import decode
 from backends.dspark.drafter import DSparkDrafter
-from backends.dspark.drafter_config import CONFIG_FILE as DRAFTER_CONFIG_FILE
-from backends.dspark.drafter_config import DRAFTER_DIR
+from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.heads import SpanHeads
 from backends.dspark.model import DSparkModel
@@ -27,7 +27,7 @@ from backends.dspark.scheduler import VerifySchedule
 from backends.dspark.selection import SpanPolicy
 from backends.engine import BatchLimits
 from backends.errors import InvalidRequestError, ModelLoadError
-from backends.loading import LoadedModel, load_model
+from backends.loading import LoadedModel, load_shared
 from backends.local import LocalBackend
 from backends.steps import DecodeLoop
 from backends.threads import on_own_thread
@@ -78,33 +78,36 @@ class DSparkBackend(LocalBackend):
         drafter_path: str | Path | None = None,
         limits: BatchLimits | None = None,
     ) -> DSparkBackend:
-        """Span-heads options default to what the model's dspark_config.json was tuned with; the published drafter
-        comes from ``drafter_path`` or the folder's ``dspark_drafter/``, its SPS profile from beside the model
-        (measured on first load on a machine). The pool's ``drafter`` must be there; the other is optional. No
-        ``drafter``: :data:`DEFAULT_DRAFTER` where the folder carries it, else the one it does carry.
+        """Span-heads options default to what their dspark_config.json was tuned with. Both drafters come from
+        ``drafter_path`` when given, else from :func:`~backends.default_model.drafters_for` the model (its own
+        folder, or the default model's drafters): span heads there, the published drafter in
+        its ``dspark_drafter/`` (or ``drafter_path`` is itself a published drafter folder, as a released checkpoint
+        like ``deepseek-ai/dspark_qwen3_8b_block7`` is). The SPS profile is kept in the same folder (measured on
+        first load on a machine). The pool's ``drafter`` must be there; the other is optional. No ``drafter``:
+        :data:`DEFAULT_DRAFTER` where the folder carries it, else the one it does carry.
 
         Loading runs torch work big enough for OpenMP (the SPS profile, the drafter's round costs): it runs on a
         thread that ends with it, whoever calls, so that no OpenMP team outlives it in the caller's thread and
         slows the decode engine's steps (:mod:`backends.threads`; a CLI that loaded on its main thread measured
         a 4-token verification at 2.7x its cost)."""
         folder = Path(path)
-        drafter_dir = Path(drafter_path) if drafter_path is not None else folder / DRAFTER_DIR
-        carried = {
-            "heads": (folder / HEADS_CONFIG_FILE).is_file(),
-            "dspark": (drafter_dir / DRAFTER_CONFIG_FILE).is_file(),
-        }
+        drafters = Path(drafter_path) if drafter_path is not None else drafters_for(folder)
+        if drafter_path is not None and not drafters.is_dir():
+            raise ModelLoadError(f"drafter path {str(drafters)!r} does not exist", param="drafter_path")
+        published_dir = drafters if is_drafter_dir(drafters) else drafters / DRAFTER_DIR
+        carried = {"heads": (drafters / HEADS_CONFIG_FILE).is_file(), "dspark": is_drafter_dir(published_dir)}
         default = drafter or next((d for d in (DEFAULT_DRAFTER, *carried) if carried[d]), DEFAULT_DRAFTER)
 
         def load() -> DSparkBackend:
-            loaded = load_model(folder, device=device, dtype=dtype)
+            loaded = load_shared(folder, device=device, dtype=dtype)
             model = None
             if default == "heads" or carried["heads"]:
-                model = DSparkModel(loaded, SpanHeads.load(folder, device=loaded.device, dtype=loaded.model.dtype))
+                model = DSparkModel(loaded, SpanHeads.load(drafters, loaded.model.get_output_embeddings()))
             published, schedule = None, None
             if default == "dspark" or carried["dspark"]:
-                published = load_drafter(loaded, drafter_dir)
+                published = load_drafter(loaded, published_dir)
                 rows = (limits or BatchLimits()).max_batch
-                sps = load_or_profile(folder, loaded, rows * (published.block_size + 1))
+                sps = load_or_profile(drafters, loaded, rows * (published.block_size + 1))
                 draft_s = measure_round(loaded, published).draft_s
                 schedule = VerifySchedule(sps=sps, verification=verification, draft_s=draft_s)
             policy = None
@@ -180,6 +183,7 @@ def resolve_schedule(schedule: VerifySchedule, options: DSparkOptions | None) ->
         threshold=options.confidence_threshold if options.confidence_threshold is not None else schedule.threshold,
         max_draft=options.max_span - 1 if options.max_span is not None else schedule.max_draft,
         verification=options.verification or schedule.verification,
+        lookup=options.lookup or schedule.lookup,
     )
 
 

@@ -74,14 +74,17 @@ def propose(
     if policy.longest == 1:
         stats.proposed_span_hist[1] = stats.proposed_span_hist.get(1, 0) + 1
         return Proposal([token], None)
-    head_logits = model.heads(hidden, model.lm_head)[: policy.longest - 1]
+    head_logits = model.heads(hidden)[: policy.longest - 1]
+    vocab = model.heads.vocab
     if request.greedy:
         top_probs, draft = torch.softmax(head_logits.float(), dim=-1).max(dim=-1)
         draft_probs = None
     else:
-        draft_probs = token_probs(head_logits, request)
-        draft = sample(draft_probs, generator)
-        top_probs = draft_probs.max(dim=-1).values
+        probs = token_probs(head_logits, request)
+        draft = sample(probs, generator)
+        top_probs = probs.max(dim=-1).values
+        draft_probs = vocab.widen(probs)
+    draft = vocab.target_ids(draft)
     length, cleared = policy.choose(top_probs)
     for n in cleared:
         stats.cleared_threshold[n] = stats.cleared_threshold.get(n, 0) + 1

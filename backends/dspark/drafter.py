@@ -27,9 +27,11 @@ from torch import nn
 from transformers import PreTrainedModel
 
 from backends.dspark.drafter_config import WEIGHTS_FILE, DrafterConfig
+from backends.dspark.vocab import DraftVocab
 from backends.errors import ModelLoadError
 
 SHARED_WEIGHTS = ("embed_tokens.weight", "lm_head.weight")
+DRAFT_VOCAB = "draft_vocab"
 
 
 class RMSNorm(nn.Module):
@@ -126,12 +128,13 @@ class DrafterLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """B(x_{k-1}) = W1[x_{k-1}] W2: a rank-r V x V transition table, cheap enough to apply once per draft token."""
+    """B(x_{k-1}) = W1[x_{k-1}] W2: a rank-r transition table from any target token to the draft vocabulary, cheap
+    enough to apply once per draft token."""
 
-    def __init__(self, vocab_size: int, rank: int) -> None:
+    def __init__(self, vocab_size: int, rank: int, draft_size: int) -> None:
         super().__init__()
         self.markov_w1 = nn.Embedding(vocab_size, rank)
-        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.markov_w2 = nn.Linear(rank, draft_size, bias=False)
 
     def forward(self, prev_ids: torch.Tensor) -> torch.Tensor:
         return self.markov_w2(self.markov_w1(prev_ids))
@@ -185,21 +188,42 @@ class DSparkDrafter(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(config.context_width, config.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.markov_head = MarkovHead(config.vocab_size, config.markov_rank)
+        draft_size = config.draft_vocab_size or config.vocab_size
+        self.markov_head = MarkovHead(config.vocab_size, config.markov_rank, draft_size)
+        if config.draft_vocab_size:
+            self.register_buffer(DRAFT_VOCAB, torch.arange(draft_size))
         self.confidence_head = (
             ConfidenceHead(config.hidden_size + config.markov_rank) if config.enable_confidence_head else None
         )
         # A tuple keeps the target's modules out of this module's parameters and state dict: they stay frozen
         # and are saved beside the drafter's own weights only because the published layout carries them.
         self.shared = (embed_tokens, lm_head)
+        self.vocab = DraftVocab(lm_head, None)
+
+    def bind_vocab(self) -> DSparkDrafter:
+        """Take the draft vocabulary's LM-head rows from the target, where both now live (after ``to``, a load,
+        or setting ``draft_vocab``)."""
+        self.vocab = DraftVocab(self.shared[1], getattr(self, DRAFT_VOCAB, None))
+        return self
 
     @classmethod
-    def for_target(cls, target: PreTrainedModel, mask_token_id: int, *, seed: int = 0, **shape: Any) -> DSparkDrafter:
-        """A fresh drafter on ``target``'s embedding and LM head (``shape``: DrafterConfig.for_target's options).
+    def for_target(
+        cls,
+        target: PreTrainedModel,
+        mask_token_id: int,
+        *,
+        seed: int = 0,
+        draft_vocab: torch.Tensor | None = None,
+        **shape: Any,
+    ) -> DSparkDrafter:
+        """A fresh drafter on ``target``'s embedding and LM head (``shape``: DrafterConfig.for_target's options),
+        proposing only ``draft_vocab`` (target ids, most useful first) when given.
 
         Linear weights start small (std 0.02, as DeepSpec's init) and the Markov projection and confidence head
         at zero: an untrained drafter drafts from its backbone alone and is unsure of every token (c = 0.5)."""
         config = DrafterConfig.for_target(target.config, mask_token_id=mask_token_id, **shape)
+        if draft_vocab is not None:
+            config.draft_vocab_size = len(draft_vocab)
         torch.manual_seed(seed)
         drafter = cls(config, target.get_input_embeddings(), target.get_output_embeddings())
         with torch.no_grad():
@@ -211,8 +235,10 @@ class DSparkDrafter(nn.Module):
             drafter.markov_head.markov_w2.weight.zero_()
             if drafter.confidence_head is not None:
                 drafter.confidence_head.proj.weight.zero_()
+            if draft_vocab is not None:
+                getattr(drafter, DRAFT_VOCAB).copy_(draft_vocab)
         param = next(target.parameters())
-        return drafter.to(device=param.device, dtype=param.dtype)
+        return drafter.to(device=param.device, dtype=param.dtype).bind_vocab()
 
     @property
     def block_size(self) -> int:
@@ -260,7 +286,8 @@ class DSparkDrafter(nn.Module):
         return self.backbone(ids, positions, context)[0]
 
     def base_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.shared[1](hidden)
+        """U_k over the draft vocabulary."""
+        return self.vocab.logits(hidden)
 
     def confidence_logits(self, hidden: torch.Tensor, prev_ids: torch.Tensor) -> torch.Tensor:
         """Calibrated logits of c_k (raw ones divided by the Sequential Temperature Scaling temperatures)."""
@@ -271,11 +298,27 @@ class DSparkDrafter(nn.Module):
             logits = logits / temperatures[: logits.shape[-1]]
         return logits
 
-    def save(self, path: str | Path) -> None:
-        """Config and weights in the published layout, the shared embedding and LM head included."""
+    def save(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """Config and the drafter's own weights (in ``dtype``, else as they are): the shared embedding and LM head
+        are the target's and are taken from it at load, so a shipped drafter does not carry a second copy."""
         path = Path(path)
         self.config.save(path)
-        weights = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
+        weights = {k: _stored(v, dtype) for k, v in self.state_dict().items()}
+        save_file(weights, path / WEIGHTS_FILE, metadata={"format": "pt"})
+
+    def export(self, path: str | Path) -> None:
+        """The full published layout that DeepSpec, vLLM and SGLang load: the shared embedding and LM head
+        included, and a draft vocabulary widened to the whole one (the Markov projection is zero on the rows
+        this drafter never proposes; those readers draft over every token)."""
+        path = Path(path)
+        config = DrafterConfig.from_json(self.config.to_json())
+        config.draft_vocab_size = None
+        config.save(path)
+        weights = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items() if k != DRAFT_VOCAB}
+        if self.vocab.ids is not None:
+            w2 = weights["markov_head.markov_w2.weight"]
+            full = w2.new_zeros((self.config.vocab_size, w2.shape[1]))
+            weights["markov_head.markov_w2.weight"] = full.index_copy_(0, self.vocab.ids.cpu(), w2)
         # Copies: a target with tied embeddings shares one tensor, which safetensors refuses to write twice.
         weights.update(zip(SHARED_WEIGHTS, (m.weight.detach().cpu().clone() for m in self.shared)))
         save_file(weights, path / WEIGHTS_FILE, metadata={"format": "pt"})
@@ -304,4 +347,9 @@ class DSparkDrafter(nn.Module):
             drafter.load_state_dict(weights)
         except RuntimeError as exc:
             raise ModelLoadError(f"drafter weights in {str(path)!r} do not fit its config: {exc}") from exc
-        return drafter.to(device=param.device, dtype=param.dtype).eval()
+        return drafter.to(device=param.device, dtype=param.dtype).bind_vocab().eval()
+
+
+def _stored(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    tensor = tensor.detach().contiguous().cpu()
+    return tensor.to(dtype) if dtype is not None and tensor.is_floating_point() else tensor

@@ -5,8 +5,9 @@ drafter's keys laid over it (``num_hidden_layers`` becomes the drafter's depth; 
 ``num_target_layers``, ``target_layer_ids``, ``mask_token_id``, ``markov_rank``, ``markov_head_type``,
 ``enable_confidence_head``, ``confidence_head_with_markov`` are added), exactly as DeepSpec's
 ``build_draft_config`` writes it, so a released drafter (``deepseek-ai/dspark_qwen3_4b_block7``) loads here and
-one trained here loads in DeepSpec, vLLM and SGLang. The one key of ours, ``confidence_temperatures``, carries
-the Sequential Temperature Scaling result; other readers ignore it.
+one trained here loads in DeepSpec, vLLM and SGLang (``DSparkDrafter.export`` writes the whole layout). Two keys are
+ours and other readers ignore them: ``confidence_temperatures``, the Sequential Temperature Scaling result, and
+``draft_vocab_size``, the size of a reduced draft vocabulary (:mod:`backends.dspark.vocab`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ ARCHITECTURE = "Qwen3DSparkModel"
 DEFAULT_BLOCK_SIZE = 7
 # DeepSpec samples 512 anchors per training sequence and requires the key; it means nothing at inference.
 DEFAULT_NUM_ANCHORS = 512
+OWN_KEYS = ("confidence_temperatures", "draft_vocab_size")
+"""Keys of ours that DeepSpec's readers ignore."""
 REQUIRED_KEYS = (
     "hidden_size",
     "num_hidden_layers",
@@ -48,6 +51,18 @@ def default_target_layer_ids(num_target_layers: int, count: int = 5) -> list[int
         return list(range(num_target_layers - 1)) or [-1]
     last = num_target_layers - 3
     return sorted({round(1 + i * (last - 1) / (count - 1)) for i in range(count)})
+
+
+def is_drafter_dir(path: Path) -> bool:
+    """Whether ``path`` holds a published drafter (a target's own folder has a config.json too, of another
+    architecture)."""
+    file = path / CONFIG_FILE
+    if not file.is_file():
+        return False
+    try:
+        return ARCHITECTURE in json.loads(file.read_text()).get("architectures", [])
+    except (json.JSONDecodeError, AttributeError):
+        return False
 
 
 @dataclass
@@ -73,6 +88,8 @@ class DrafterConfig:
     rope_theta: float = 1_000_000.0
     attention_bias: bool = False
     confidence_temperatures: list[float] | None = None
+    draft_vocab_size: int | None = None
+    """Tokens the drafter proposes (its ``draft_vocab`` weights: target ids), None for the whole vocabulary."""
     target_config: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -159,7 +176,9 @@ class DrafterConfig:
         }
         if self.confidence_temperatures is not None:
             drafter["confidence_temperatures"] = self.confidence_temperatures
-        target = {k: v for k, v in self.target_config.items() if k != "confidence_temperatures"}
+        if self.draft_vocab_size is not None:
+            drafter["draft_vocab_size"] = self.draft_vocab_size
+        target = {k: v for k, v in self.target_config.items() if k not in OWN_KEYS}
         return {**target, **drafter}
 
     @classmethod
@@ -189,6 +208,7 @@ class DrafterConfig:
             rope_theta=float(raw.get("rope_theta") or rope.get("rope_theta") or 1_000_000.0),
             attention_bias=bool(raw.get("attention_bias", False)),
             confidence_temperatures=raw.get("confidence_temperatures"),
+            draft_vocab_size=raw.get("draft_vocab_size"),
             target_config=raw,
         )
 

@@ -27,15 +27,23 @@ class DSparkModel:
     def from_pretrained(cls, path: str | Path, device: str = "auto", dtype: str = "auto") -> DSparkModel:
         """Base model and heads from one folder; a folder without heads is a ModelLoadError."""
         loaded = load_model(path, device=device, dtype=dtype)
-        heads = SpanHeads.load(path, device=loaded.device, dtype=loaded.model.dtype)
-        return cls(loaded, heads)
+        return cls(loaded, SpanHeads.load(path, loaded.model.get_output_embeddings()))
 
     @classmethod
-    def with_new_heads(cls, loaded: LoadedModel, num_heads: int = 3) -> DSparkModel:
-        """Fresh, untrained heads (each starts as a copy of the LM head): the start of heads-only training."""
-        config = DSparkConfig(num_heads=num_heads, hidden_size=loaded.model.config.get_text_config().hidden_size)
-        heads = SpanHeads(config).to(device=loaded.device, dtype=loaded.model.dtype)
-        return cls(loaded, heads)
+    def with_new_heads(
+        cls, loaded: LoadedModel, num_heads: int = 3, draft_vocab: torch.Tensor | None = None
+    ) -> DSparkModel:
+        """Fresh, untrained heads (each starts as a copy of the LM head, over ``draft_vocab`` when given): the
+        start of heads-only training."""
+        hidden = loaded.model.config.get_text_config().hidden_size
+        config = DSparkConfig(
+            num_heads=num_heads, hidden_size=hidden, draft_vocab_size=None if draft_vocab is None else len(draft_vocab)
+        )
+        heads = SpanHeads(config)
+        if draft_vocab is not None:
+            heads.draft_vocab.copy_(draft_vocab)
+        heads.to(device=loaded.device, dtype=loaded.model.dtype)
+        return cls(loaded, heads.bind_vocab(loaded.model.get_output_embeddings()))
 
     def forward(self, tokens: list[int], cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``tokens`` to the cache; the last hidden state and base logits at each of their positions."""

@@ -1,8 +1,8 @@
 """Profile the target's steps per second by forward length, once per model and machine, for Algorithm 1.
 
 What a verification token costs depends on the model, the device, the dtype and the threads, never on the
-request, so it is measured once and kept as ``dspark_sps.json`` beside the model, one curve per machine key.
-Re-run it after changing hardware or threads: ``python -m backends.dspark.profile MODEL_FOLDER``.
+request, so it is measured once and kept as ``dspark_sps.json`` in the drafters' folder, one curve per machine
+key. Re-run it after changing hardware or threads: ``python -m backends.dspark.profile MODEL_FOLDER``.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from backends.default_model import drafters_for
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.published_decode import sample_block
 from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
@@ -71,19 +72,22 @@ def measure_sps(loaded: LoadedModel, max_tokens: int, repeats: int = 5) -> SpsCu
 class RoundCosts:
     """Median milliseconds of each part of one published-drafter round on this machine, after a fixed context:
     the target's forward of one token (a plain decoding step) and of a full block with its features (a
-    verification), and the drafter's context update, backbone pass, sequential Markov stage and confidences."""
+    verification), and the drafter's context update, backbone pass, LM head (over its draft vocabulary), sequential
+    Markov stage and confidences."""
 
     target_step_ms: float
     target_verify_ms: float
     context_ms: float
     backbone_ms: float
+    lm_head_ms: float
     sequential_ms: float
     confidence_ms: float
 
     @property
     def draft_s(self) -> float:
         """What a round's drafting costs on top of its forward: what the verification budget weighs it against."""
-        return (self.context_ms + self.backbone_ms + self.sequential_ms + self.confidence_ms) / 1e3
+        parts = (self.context_ms, self.backbone_ms, self.lm_head_ms, self.sequential_ms, self.confidence_ms)
+        return sum(parts) / 1e3
 
 
 @torch.inference_mode()
@@ -114,7 +118,8 @@ def measure_round(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5)
         "target_step_ms": forward(1, False),
         "target_verify_ms": forward(gamma + 1, True),
         "context_ms": (lambda: drafter.extend_context(ContextCache(len(drafter.layers)), features[:4]), None),
-        "backbone_ms": (lambda: drafter.base_logits(drafter.draft_hidden(context, 0)), None),
+        "backbone_ms": (lambda: drafter.draft_hidden(context, 0), None),
+        "lm_head_ms": (lambda: drafter.base_logits(hidden), None),
         "sequential_ms": (lambda: sample_block(drafter, base, 0, greedy, None), None),
         "confidence_ms": (lambda: drafter.confidence_logits(hidden, prev_ids), None),
     }
@@ -167,7 +172,8 @@ def load_or_profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description="re-profile a target model's steps per second by forward length")
-    parser.add_argument("model", help="target model folder (the profile is stored there)")
+    parser.add_argument("model", help="target model folder")
+    parser.add_argument("--into", help="where the profile is kept (default: the model's drafters' folder)")
     parser.add_argument(
         "--max-tokens", type=int, default=128, help="longest forward: batch size times (1 + the drafter's block size)"
     )
@@ -175,7 +181,7 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     args = parser.parse_args()
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
-    curve = profile(args.model, loaded, args.max_tokens)
+    curve = profile(args.into or drafters_for(args.model), loaded, args.max_tokens)
     print(json.dumps({"machine": machine_key(loaded), "steps_per_s": curve.steps_per_s}, indent=2))
 
 

@@ -7,6 +7,10 @@ correction token of the previous round, or the target's own next token):
    one backbone pass over [anchor, mask, ...] gives gamma hidden states, and the Markov head samples the block
    left to right, each token from its own exact distribution softmax(U_k + B(x_{k-1})) (warped by the request's
    temperature/top-k/top-p, so it is the distribution verification divides by); the confidence head gives c_k;
+   With ``lookup`` on, a block copied from the context (:mod:`backends.dspark.lookup`: the tokens that followed
+   the latest earlier occurrence of the newest n-gram) may stand in for the drafter's block, chosen before
+   drafting from what copies and drafts have earned in this request so far; a round that copies skips the
+   drafter's pass, and its one-hot draft distribution is verified like any other;
 2. ``schedule``: the verification length, by Algorithm 1 from prefix survival and the profiled SPS curve (or a
    static threshold); under a grammar the verified draft is further cut at the first token the grammar refuses.
    Algorithm 1 weighs every request in the batch at once, so the loop asks the engine twice: before drafting,
@@ -26,7 +30,7 @@ Text the grammar forces is committed in one target pass without drafting, as in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -34,6 +38,7 @@ from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
 from backends.dspark.decode import verify_greedy, verify_sampled
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
+from backends.dspark.lookup import LookupSurvival, NgramLookup
 from backends.dspark.scheduler import VerifySchedule, prefix_survival
 from backends.loading import LoadedModel
 from backends.sampling import pick_token, sample, token_probs
@@ -119,19 +124,43 @@ def sample_block(
     generator: torch.Generator | None,
 ) -> tuple[list[int], list[torch.Tensor]]:
     """The Markov head's sequential stage: each block position's token from U_k + B(previous token), left to
-    right from the anchor, with (sampling only) the distribution it was drawn from."""
+    right from the anchor, with (sampling only) the distribution it was drawn from over the whole vocabulary."""
     tokens: list[int] = []
     rows: list[torch.Tensor] = []
     token = anchor
+    vocab = drafter.vocab
     for row in base:
         logits = drafter.markov_head.step(row, token).float()
         if request.greedy:
-            token = int(torch.argmax(logits))
+            drawn = torch.argmax(logits)
         else:
-            rows.append(token_probs(logits, request))
-            token = int(sample(rows[-1], generator))
+            probs = token_probs(logits, request)
+            drawn = sample(probs, generator)
+            rows.append(vocab.widen(probs))
+        token = int(vocab.target_ids(drawn))
         tokens.append(token)
     return tokens, rows
+
+
+def prefers_copy(schedule: VerifySchedule, copy_confidence: list[float], survival: RecentSurvival, limit: int) -> bool:
+    """Whether this round should verify the copied block rather than draft: its expected tokens per second (what
+    recent copies earned, over the verifying forward) against the drafter's (its recent prefix survival, over the
+    forward plus the drafter's pass). Both estimates predate this round's drafts."""
+    copy_expected = 1.0 + sum(prefix_survival(copy_confidence))
+    drafted = [*survival.expected(), *[1.0] * limit][:limit]
+    draft_expected = 1.0 + sum(drafted)
+    if schedule.sps is None:
+        return copy_expected >= draft_expected
+    copy_rate = copy_expected * schedule.sps.at(1 + len(copy_confidence))
+    draft_rate = draft_expected / (1.0 / schedule.sps.at(1 + limit) + schedule.draft_s)
+    return copy_rate >= draft_rate
+
+
+def one_hot(tokens: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """A copied block's draft distributions: each token certain."""
+    rows = torch.zeros(len(tokens), vocab_size, device=device)
+    rows[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
+    return rows
 
 
 def verify(
@@ -173,6 +202,7 @@ def decode(
     verified_at, accepted_at = [0] * gamma, spans.accepted_by_offset
     context = ContextCache(len(drafter.layers))
     survival = RecentSurvival()
+    lookup, copies = NgramLookup(prompt), LookupSurvival()
     step = target_pass((yield Forward(prompt, hidden_states=True)), layer_ids)
     stats.forward_passes += 1
     pending, logits, next_token = [step.features], step.logits[-1], None
@@ -184,6 +214,7 @@ def decode(
                 stats.forward_passes += 1
                 pending.append(step.features)
                 logits, next_token = step.logits[-1], None
+                lookup.extend(forced)
                 yield forced
                 continue
             anchor = next_token
@@ -196,26 +227,44 @@ def decode(
             committed = context.length + sum(features.shape[0] for features in pending)
             room = drafter.block_size if loaded.max_context is None else loaded.max_context - committed - 1
             limit = max(0, min(schedule.limit(drafter.block_size), room))
-            limit = yield Budget(schedule, limit, survival.expected())
-            survival.drafted(limit)
+            copied = lookup.propose(anchor, limit) if schedule.lookup != "off" else []
+            copying = bool(copied) and (
+                schedule.lookup == "only" or prefers_copy(schedule, copies.confidence(len(copied)), survival, limit)
+            )
             tokens, probs = [], None
-            if limit:  # else the drafter is skipped, and its context catches up on the next round that drafts
-                drafter.extend_context(context, torch.cat(pending))
-                pending = []
-                block = draft(drafter, context, anchor, request, generator, limit)
-                survival.add(block.confidence)
-                length = yield Schedule(schedule, block.confidence, limit)
-                tokens = block.tokens[:length]
+            if copying:
+                confidence = copies.confidence(len(copied))
+                budget = yield Budget(replace(schedule, draft_s=0.0), len(copied), tuple(prefix_survival(confidence)))
+                length = (yield Schedule(schedule, confidence, budget)) if budget else 0
+                tokens = copied[:length]
                 if constraint is not None:
                     tokens = tokens[: constraint.valid_prefix(tokens)]
                 kept_rows = len(tokens) + (len(tokens) < length)
-                probs = None if block.probs is None else block.probs[:kept_rows]
+                probs = None if request.greedy else one_hot(copied[:kept_rows], logits.shape[-1], logits.device)
+            elif schedule.lookup != "only":
+                limit = yield Budget(schedule, limit, survival.expected())
+                survival.drafted(limit)
+                if limit:  # else the drafter is skipped, and its context catches up on the next round that drafts
+                    drafter.extend_context(context, torch.cat(pending))
+                    pending = []
+                    block = draft(drafter, context, anchor, request, generator, limit)
+                    survival.add(block.confidence)
+                    length = yield Schedule(schedule, block.confidence, limit)
+                    tokens = block.tokens[:length]
+                    if constraint is not None:
+                        tokens = tokens[: constraint.valid_prefix(tokens)]
+                    kept_rows = len(tokens) + (len(tokens) < length)
+                    probs = None if block.probs is None else block.probs[:kept_rows]
             step = target_pass((yield Forward([anchor, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1
             step_logits = step.logits
             if constraint is not None:
                 step_logits = step_logits.masked_fill(~constraint.span_masks(tokens).to(step_logits.device), -torch.inf)
             accepted, next_token = verify(tokens, probs, step_logits, request, schedule, generator)
+            if copying:
+                copies.add(len(tokens), accepted)
+                spans.copied_rounds += 1
+            lookup.extend([anchor, *tokens[:accepted]])
             if len(tokens) > accepted:
                 yield Rewind(len(tokens) - accepted)
             if constraint is not None:

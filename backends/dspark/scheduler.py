@@ -131,6 +131,8 @@ class VerifySchedule:
     verification: Literal["exact", "confidence"] = "exact"
     draft_s: float = 0.0
     """Seconds of one drafter pass (measured when the drafter loads), which drafting must pay back."""
+    lookup: Literal["off", "beside", "only"] = "off"
+    """Blocks copied from the context (:mod:`backends.dspark.lookup`) beside the drafter's, or only those."""
 
     @property
     def batched(self) -> bool:

@@ -13,8 +13,8 @@ import itertools
 from dataclasses import replace
 
 from backends.dspark.backend import DSparkBackend
-from backends.dspark.corpus import iter_chat_prompts
 from backends.progress import JobProgress
+from backends.subtasks import generate_subtasks
 from backends.types import GenerationRequest
 
 VALIDATION_SEED = 8_001
@@ -24,8 +24,8 @@ GRID_4 = (0.0, 0.3, 0.6, 0.85)
 
 def validation_requests(count: int, max_tokens: int) -> list[GenerationRequest]:
     return [
-        GenerationRequest(messages=example.messages, max_tokens=max_tokens, temperature=0.0)
-        for example in iter_chat_prompts(count, seed=VALIDATION_SEED)
+        GenerationRequest(**{**subtask.to_request_dict(), "max_tokens": max_tokens, "temperature": 0.0})
+        for subtask in generate_subtasks(count, seed=VALIDATION_SEED)
     ]
 
 

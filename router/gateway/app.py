@@ -89,6 +89,8 @@ def _wire_args(body: dict[str, Any], endpoint: shapes.Endpoint) -> bool:
     stream = body.pop("stream", None)
     if stream not in (None, True, False):
         raise InvalidRequestError("stream must be true or false", param="stream")
+    if body.get("stream_options") is not None and stream is not True:
+        raise InvalidRequestError("stream_options is only allowed when stream is true", param="stream_options")
     return bool(stream)
 
 

@@ -1,0 +1,52 @@
+"""Resumable training: what every training loop keeps beside its checkpointed weights, and its learning curve."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+CHECKPOINT_DIR = "checkpoint"
+TRAINER_STATE = "trainer_state.pt"
+CURVE_FILE = "curve.json"
+
+
+def save_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, config: object, step: int, curve: list) -> None:
+    """Optimizer, step and learning curve (what resuming needs), and the run's config for the record."""
+    folder.mkdir(parents=True, exist_ok=True)
+    torch.save({"optimizer": optimizer.state_dict(), "step": step}, folder / TRAINER_STATE)
+    (folder / "train_config.json").write_text(json.dumps(asdict(config), default=str, indent=2))
+    (folder / CURVE_FILE).write_text(json.dumps(curve))
+
+
+def resume_trainer_state(folder: Path, optimizer: torch.optim.Optimizer) -> tuple[int, list]:
+    """The step the checkpoint in ``folder`` reached and the curve so far, with the optimizer restored (the caller
+    restores weights)."""
+    state = torch.load(folder / TRAINER_STATE, weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    curve_file = folder / CURVE_FILE
+    return int(state["step"]), json.loads(curve_file.read_text()) if curve_file.is_file() else []
+
+
+def has_checkpoint(output: Path) -> bool:
+    return (output / CHECKPOINT_DIR / TRAINER_STATE).is_file()
+
+
+def plot_curve(curve: list[dict[str, float]], path: Path, title: str) -> None:
+    """Loss and expected accepted tokens per round (held-in, smoothed) by step: one picture for the model card."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [point["step"] for point in curve]
+    figure, (loss_axis, tau_axis) = plt.subplots(1, 2, figsize=(9, 3.2))
+    loss_axis.plot(steps, [point["loss"] for point in curve])
+    loss_axis.set(xlabel="step", ylabel="training loss (smoothed)", title=title)
+    tau_axis.plot(steps, [point["tau"] for point in curve])
+    tau_axis.set(xlabel="step", ylabel="expected tokens per round (smoothed)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)

@@ -1,0 +1,401 @@
+"""Train the published DSpark drafter on a frozen target's cached features, then calibrate its confidence head.
+
+Data is self-distillation (:mod:`backends.training.distill`) with the target's features cached once
+(:mod:`backends.training.features`). Each training sequence contributes blocks at random anchor positions in its
+answer, all drafted in one backbone pass (a mask keeps each block to its own tokens and the context before its
+anchor). The target's distribution at a block position comes from its cached last hidden state through the LM
+head's rows for the draft vocabulary and its cached normaliser; the mass outside the draft vocabulary is what
+the drafter can never propose, and counts against it.
+
+Loss, per block position k with weight w_k = exp(-(k-1)/decay), as DeepSpec's:
+0.1 * CE(draft, target's token) + 0.9 * ||p_draft - p_target||_1 + 1.0 * BCE(c_k, 1 - ||p_draft - p_target||_1 / 2),
+the last term's label being the probability that speculative sampling accepts token k. Afterwards Sequential
+Temperature Scaling fits one temperature per position on half of the held-out sequences, so the prefix survival
+a_k = prod c_i that Algorithm 1 ranks by is calibrated; the other half measures the ECE before and after.
+
+Matrix work runs in bfloat16 (autocast) where the CPU has the instructions, the weights and optimizer in float32;
+runs show progress, checkpoint every few hundred steps and resume from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from backends.dspark.drafter import DSparkDrafter
+from backends.loading import LoadedModel
+from backends.progress import JobProgress
+from backends.training.checkpoints import (
+    CHECKPOINT_DIR,
+    has_checkpoint,
+    plot_curve,
+    resume_trainer_state,
+    save_trainer_state,
+)
+from backends.training.features import FeatureCache
+
+REPORT_FILE = "train_report_dspark.json"
+CURVE_PLOT = "train_curve_dspark.png"
+TEMPERATURE_GRID = [round(0.25 * 1.05**i, 4) for i in range(58)]
+ECE_BINS = 10
+
+
+@dataclass
+class DrafterTrainConfig:
+    output: Path
+    steps: int = 3000
+    batch_size: int = 8
+    anchors: int = 32
+    lr: float = 6e-4
+    warmup: int = 100
+    checkpoint_every: int = 200
+    seed: int = 0
+    holdout: float = 0.05
+    block_size: int = 7
+    layers: int = 2
+    markov_rank: int = 64
+    target_layer_ids: list[int] | None = None
+    ce_weight: float = 0.1
+    tv_weight: float = 0.9
+    confidence_weight: float = 1.0
+    loss_decay: float = 7.0
+    autocast: bool = True
+
+
+@dataclass
+class DrafterTrainReport:
+    steps: int
+    seconds: float
+    first_loss: float
+    final_loss: float
+    acceptance_by_position: list[float]
+    """Held-out mean of 1 - TV/2 per block position: the draft's acceptance rate there under sampling."""
+    expected_tokens: float
+    """Held-out expected tokens per round with the whole block verified (bonus included), from those rates."""
+    ece_before: float
+    ece_after: float
+    temperatures: list[float] = field(default_factory=list)
+    curve: list[dict[str, float]] = field(default_factory=list)
+
+
+@dataclass
+class BlockBatch:
+    """Everything one training forward yields, per (sequence, block, position)."""
+
+    draft_logits: torch.Tensor
+    target_logprobs: torch.Tensor
+    """Over the draft vocabulary; exp sums to the target's mass inside it."""
+    labels: torch.Tensor
+    """The target's token as a draft-vocabulary index, -1 where the draft vocabulary lacks it."""
+    valid: torch.Tensor
+    confidence_logits: torch.Tensor | None
+
+    def l1(self, draft_logprobs: torch.Tensor | None = None) -> torch.Tensor:
+        """||p_draft - p_target||_1 over the whole vocabulary: the mass outside the draft vocabulary is all
+        the target's. ``draft_logprobs``: the draft's log-softmax where the caller has it already."""
+        if draft_logprobs is None:
+            draft_logprobs = torch.log_softmax(self.draft_logits.float(), dim=-1)
+        target = self.target_logprobs.exp()
+        return (draft_logprobs.exp() - target).abs().sum(dim=-1) + (1.0 - target.sum(dim=-1)).clamp_min(0.0)
+
+
+def padded_rows(cache: FeatureCache, rows: list[int]) -> dict[str, torch.Tensor]:
+    """Right-padded tokens, features, last hidden states and normalisers of ``rows``, with the answer mask."""
+    spans = [cache.span(i) for i in rows]
+    width = max(s.stop - s.start for s in spans)
+    batch = len(rows)
+    out = {
+        "ids": torch.zeros(batch, width, dtype=torch.long),
+        "features": cache.features.new_zeros(batch, width, cache.features.shape[1]),
+        "final": cache.final.new_zeros(batch, width, cache.final.shape[1]),
+        "lse": torch.zeros(batch, width),
+        "continuation": torch.zeros(batch, width, dtype=torch.bool),
+    }
+    for r, (index, span) in enumerate(zip(rows, spans)):
+        n = span.stop - span.start
+        out["ids"][r, :n] = cache.tokens[span]
+        out["features"][r, :n] = cache.features[span]
+        out["final"][r, :n] = cache.final[span]
+        out["lse"][r, :n] = cache.lse[span]
+        out["continuation"][r, int(cache.prompt_lens[index]) : n] = True
+    return out
+
+
+def sample_anchors(continuation: torch.Tensor, count: int, generator: torch.Generator) -> torch.Tensor:
+    """Up to ``count`` anchors per row [B, count] where the anchor and the token after it are answer tokens;
+    rows with fewer repeat some (harmless duplicates of a block, weighted as the others)."""
+    valid = continuation[:, :-1] & continuation[:, 1:]
+    scores = torch.rand(valid.shape, generator=generator).masked_fill(~valid, -1.0)
+    order = scores.argsort(dim=1, descending=True)
+    have = valid.sum(dim=1, keepdim=True).clamp_min(1)
+    picks = torch.arange(count).unsqueeze(0) % have
+    return order.gather(1, picks)
+
+
+def block_forward(
+    drafter: DSparkDrafter,
+    cache: FeatureCache,
+    to_draft: torch.Tensor,
+    rows: list[int],
+    anchors_per_row: int,
+    generator: torch.Generator,
+) -> BlockBatch:
+    """One drafter pass over every block of the batch, teacher-forced; ``to_draft`` maps a target id to its
+    draft-vocabulary index (-1 outside it)."""
+    gamma = drafter.block_size
+    data = padded_rows(cache, rows)
+    ids, continuation = data["ids"], data["continuation"]
+    anchors = sample_anchors(continuation, anchors_per_row, generator)
+    batch, width = ids.shape
+    positions = torch.arange(width).expand(batch, -1)
+    context = drafter.context_keys_values(data["features"], positions)
+    offsets = torch.arange(gamma)
+    block_pos = (anchors.unsqueeze(-1) + offsets).view(batch, -1)
+    block_ids = torch.full_like(block_pos, drafter.config.mask_token_id)
+    block_ids.view(batch, -1, gamma)[..., 0] = ids.gather(1, anchors)
+    block_of = torch.arange(block_pos.shape[1]) // gamma
+    sees_context = positions.unsqueeze(1) < anchors.repeat_interleave(gamma, dim=1).unsqueeze(-1)
+    sees_block = (block_of.unsqueeze(1) == block_of.unsqueeze(0)).expand(batch, -1, -1)
+    mask = torch.cat([sees_context, sees_block], dim=-1).unsqueeze(1)
+    hidden = drafter.backbone(block_ids, block_pos, context, mask).view(batch, -1, gamma, drafter.config.hidden_size)
+    label_pos = anchors.unsqueeze(-1) + offsets + 1
+    safe = label_pos.clamp(max=width - 1)
+    tokens = ids.gather(1, safe.view(batch, -1)).view_as(safe)
+    valid = (label_pos < width) & continuation.gather(1, safe.view(batch, -1)).view_as(safe)
+    valid = valid.int().cumprod(dim=-1).bool()
+    prev = torch.cat([ids.gather(1, anchors).unsqueeze(-1), tokens[..., :-1]], dim=-1)
+    draft_logits = drafter.base_logits(hidden) + drafter.markov_head(prev)
+    source = (safe - 1).view(batch, -1)
+    final = data["final"].gather(1, source.unsqueeze(-1).expand(-1, -1, data["final"].shape[-1]))
+    with torch.no_grad():
+        target = drafter.base_logits(final.to(hidden.dtype)).float() - data["lse"].gather(1, source).unsqueeze(-1)
+    confidence = drafter.confidence_logits(hidden, prev) if drafter.confidence_head is not None else None
+    return BlockBatch(draft_logits, target.view_as(draft_logits), to_draft[tokens], valid, confidence)
+
+
+def block_losses(blocks: BlockBatch, config: DrafterTrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    gamma = blocks.labels.shape[-1]
+    decay = torch.exp(-torch.arange(gamma) / config.loss_decay)
+    weights = blocks.valid.float() * decay
+    total = weights.sum().clamp_min(1e-6)
+    logprobs = torch.log_softmax(blocks.draft_logits.float(), dim=-1)  # one vocabulary-wide pass for both losses
+    l1 = blocks.l1(logprobs)
+    in_vocab = weights * (blocks.labels >= 0)
+    ce = -logprobs.gather(-1, blocks.labels.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    ce_loss = (ce * in_vocab).sum() / in_vocab.sum().clamp_min(1e-6)
+    tv_loss = (l1 * weights).sum() / total
+    loss = config.ce_weight * ce_loss + config.tv_weight * tv_loss
+    accept = (1.0 - 0.5 * l1).detach().clamp(0.0, 1.0)
+    survival = (accept * blocks.valid).cumprod(dim=-1)
+    rows = blocks.valid[..., 0]
+    values = {"ce": ce_loss.item(), "tv": tv_loss.item(), "tau": 1.0 + survival.sum(-1)[rows].mean().item()}
+    if blocks.confidence_logits is not None:
+        bce = F.binary_cross_entropy_with_logits(blocks.confidence_logits.float(), accept, reduction="none")
+        conf_loss = (bce * weights).sum() / total
+        loss = loss + config.confidence_weight * conf_loss
+        values["conf"] = conf_loss.item()
+    values["loss"] = loss.item()
+    return loss, values
+
+
+def expected_calibration_error(predicted: torch.Tensor, target: torch.Tensor) -> float:
+    """Equal-width-bin ECE with soft targets: sum over bins of (share of samples) * |mean pred - mean target|."""
+    bins = (predicted * ECE_BINS).long().clamp(max=ECE_BINS - 1)
+    error = 0.0
+    for b in range(ECE_BINS):
+        chosen = bins == b
+        if chosen.any():
+            error += chosen.float().mean().item() * abs(predicted[chosen].mean().item() - target[chosen].mean().item())
+    return error
+
+
+def survival_ece(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, temperatures: list[float]) -> float:
+    """Mean over positions of the ECE of prefix survival a_k = prod sigmoid(l_i / T_i) against prod c*_i."""
+    scaled = torch.sigmoid(logits / torch.tensor(temperatures))
+    predicted, target = scaled.cumprod(dim=-1), labels.cumprod(dim=-1)
+    errors = [
+        expected_calibration_error(predicted[valid[:, k], k], target[valid[:, k], k])
+        for k in range(logits.shape[-1])
+        if valid[:, k].any()
+    ]
+    return sum(errors) / len(errors) if errors else 0.0
+
+
+def sequential_temperature_scaling(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor) -> list[float]:
+    """Per position in order, the grid temperature minimising that position's survival ECE, earlier ones fixed;
+    dividing logits by a positive temperature keeps every ranking of a position's confidences."""
+    gamma = logits.shape[-1]
+    temperatures = [1.0] * gamma
+    for k in range(gamma):
+        if not valid[:, k].any():
+            continue
+
+        def ece_at(t: float, k: int = k) -> float:
+            trial = [*temperatures[:k], t, *temperatures[k + 1 :]]
+            predicted = torch.sigmoid(logits[:, : k + 1] / torch.tensor(trial[: k + 1])).cumprod(dim=-1)[:, k]
+            target = labels[:, : k + 1].cumprod(dim=-1)[:, k]
+            return expected_calibration_error(predicted[valid[:, k]], target[valid[:, k]])
+
+        temperatures[k] = min([1.0, *TEMPERATURE_GRID], key=ece_at)
+    return temperatures
+
+
+@torch.no_grad()
+def confidence_records(
+    drafter: DSparkDrafter, cache: FeatureCache, to_draft: torch.Tensor, rows: list[int], config: DrafterTrainConfig
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Raw confidence logits, acceptance labels 1 - TV/2 and validity [blocks, gamma] on ``rows``."""
+    saved, drafter.config.confidence_temperatures = drafter.config.confidence_temperatures, None
+    generator = torch.Generator().manual_seed(config.seed + 1)
+    logits, labels, valid = [], [], []
+    with _autocast(config):
+        for start in range(0, len(rows), config.batch_size):
+            chunk = rows[start : start + config.batch_size]
+            blocks = block_forward(drafter, cache, to_draft, chunk, config.anchors, generator)
+            logits.append(blocks.confidence_logits.float().flatten(0, 1))
+            labels.append((1.0 - 0.5 * blocks.l1()).clamp(0.0, 1.0).flatten(0, 1))
+            valid.append(blocks.valid.flatten(0, 1))
+    drafter.config.confidence_temperatures = saved
+    return torch.cat(logits), torch.cat(labels), torch.cat(valid)
+
+
+def calibrate(
+    drafter: DSparkDrafter, cache: FeatureCache, to_draft: torch.Tensor, held_out: list[int], config: DrafterTrainConfig
+) -> tuple[float, float, list[float], list[float]]:
+    """Fit temperatures on one half of ``held_out``, measure ECE before/after on the other; set them on the
+    drafter. Also returns the per-position acceptance on the measuring half."""
+    half = max(1, len(held_out) // 2)
+    fit = confidence_records(drafter, cache, to_draft, held_out[:half], config)
+    measure = confidence_records(drafter, cache, to_draft, held_out[half:] or held_out[:half], config)
+    temperatures = sequential_temperature_scaling(*fit)
+    before = survival_ece(*measure, [1.0] * drafter.block_size)
+    after = survival_ece(*measure, temperatures)
+    drafter.config.confidence_temperatures = temperatures
+    _, labels, valid = measure
+    acceptance = [labels[valid[:, k], k].mean().item() if valid[:, k].any() else 0.0 for k in range(labels.shape[1])]
+    return before, after, temperatures, acceptance
+
+
+def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
+    """Linear warm-up, then cosine decay to a tenth."""
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _autocast(config: DrafterTrainConfig):
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast)
+
+
+def to_draft_index(vocab_size: int, draft_vocab: torch.Tensor | None) -> torch.Tensor:
+    """Target id -> draft-vocabulary index, -1 for ids the draft vocabulary lacks."""
+    if draft_vocab is None:
+        return torch.arange(vocab_size)
+    index = torch.full((vocab_size,), -1, dtype=torch.long)
+    index[draft_vocab] = torch.arange(len(draft_vocab))
+    return index
+
+
+def train_drafter(
+    drafter: DSparkDrafter, cache: FeatureCache, training: list[int], config: DrafterTrainConfig
+) -> tuple[list[float], int, list[dict[str, float]]]:
+    """The loop: only the drafter's own parameters learn (the shared embedding and LM head are the target's).
+    Returns each step's loss, the step it started at, and the learning curve."""
+    drafter.train()
+    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids)
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    start, curve = 0, []
+    if has_checkpoint(config.output):
+        folder = config.output / CHECKPOINT_DIR
+        drafter.load_state_dict(DSparkDrafter.load(folder, *drafter.shared).state_dict())
+        drafter.bind_vocab()
+        start, curve = resume_trainer_state(folder, optimizer)
+    rng = random.Random(config.seed + start)
+    generator = torch.Generator().manual_seed(config.seed + start)
+    losses: list[float] = []
+    ema: dict[str, float] = {}
+    with JobProgress() as progress:
+        task = progress.add_job("train (dspark drafter)", total=config.steps, completed=start)
+        for step in range(start, config.steps):
+            rows = rng.sample(training, min(config.batch_size, len(training)))
+            with _autocast(config):
+                blocks = block_forward(drafter, cache, to_draft, rows, config.anchors, generator)
+                loss, values = block_losses(blocks, config)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, config.steps, config.lr, config.warmup)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            losses.append(values["loss"])
+            ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in values.items()}
+            progress.step(task, status=" ".join(f"{k}={v:.3f}" for k, v in ema.items()))
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                curve.append({"step": step + 1, "loss": ema["loss"], "tau": ema["tau"]})
+                drafter.save(config.output / CHECKPOINT_DIR)
+                save_trainer_state(config.output / CHECKPOINT_DIR, optimizer, config, step + 1, curve)
+    drafter.eval()
+    return losses, start, curve
+
+
+def run(
+    loaded: LoadedModel, cache: FeatureCache, config: DrafterTrainConfig, draft_vocab: torch.Tensor | None
+) -> DrafterTrainReport:
+    """Drafter, loop, calibration, and the drafter folder (its own weights, bfloat16) with its report and curve."""
+    torch.manual_seed(config.seed)
+    loaded.model.requires_grad_(False)
+    order = list(range(cache.sequences))
+    random.Random(config.seed).shuffle(order)
+    held = max(2, int(len(order) * config.holdout))
+    held_out, training = order[:held], order[held:]
+    mask_token = loaded.tokenizer.pad_token_id
+    if mask_token is None:
+        mask_token = next(iter(loaded.eos_ids))
+    layer_ids = config.target_layer_ids or cache.layer_ids
+    if layer_ids != cache.layer_ids:
+        raise ValueError(f"the feature cache holds layers {cache.layer_ids}, not {layer_ids}")
+    drafter = DSparkDrafter.for_target(
+        loaded.model,
+        mask_token,
+        seed=config.seed,
+        draft_vocab=draft_vocab,
+        num_layers=config.layers,
+        block_size=config.block_size,
+        markov_rank=config.markov_rank,
+        target_layer_ids=layer_ids,
+    ).float()
+    drafter.bind_vocab()
+    started = time.perf_counter()
+    losses, start, curve = train_drafter(drafter, cache, training, config)
+    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids)
+    before, after, temperatures, acceptance = calibrate(drafter, cache, to_draft, held_out, config)
+    drafter.save(config.output, dtype=torch.bfloat16)
+    survival, expected = 1.0, 1.0
+    for rate in acceptance:
+        survival *= rate
+        expected += survival
+    report = DrafterTrainReport(
+        steps=config.steps,
+        seconds=time.perf_counter() - started,
+        first_loss=losses[0] if losses and start == 0 else float("nan"),
+        final_loss=sum(losses[-10:]) / len(losses[-10:]) if losses else float("nan"),
+        acceptance_by_position=acceptance,
+        expected_tokens=expected,
+        ece_before=before,
+        ece_after=after,
+        temperatures=temperatures,
+        curve=curve,
+    )
+    (config.output / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
+    if len(curve) > 1:
+        plot_curve(curve, config.output / CURVE_PLOT, "published drafter")
+    return report

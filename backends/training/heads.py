@@ -1,0 +1,171 @@
+"""Train span heads on a frozen target's cached last hidden states.
+
+Head k maps the target's last hidden state at position t to token t+2+k (:mod:`backends.dspark.heads`); the
+tokens are the target's own greedy answers (self-distillation), exactly what exact verification accepts. The
+hidden states come from the feature cache, so no target forward runs while training: a step is the heads and
+the draft vocabulary's LM-head rows over a few thousand answer positions.
+
+Loss: sum over heads of decay**(k+1) * CE(head k, token t+2+k), over answer positions whose token the draft
+vocabulary holds.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from backends.dspark.heads import SpanHeads
+from backends.dspark.model import DSparkModel
+from backends.loading import LoadedModel
+from backends.progress import JobProgress
+from backends.training.checkpoints import (
+    CHECKPOINT_DIR,
+    has_checkpoint,
+    plot_curve,
+    resume_trainer_state,
+    save_trainer_state,
+)
+from backends.training.drafter import lr_at, to_draft_index
+from backends.training.features import FeatureCache
+
+REPORT_FILE = "train_report_heads.json"
+CURVE_PLOT = "train_curve_heads.png"
+
+
+@dataclass
+class HeadsTrainConfig:
+    output: Path
+    num_heads: int = 3
+    steps: int = 1500
+    positions: int = 2048
+    """Answer positions per step."""
+    lr: float = 2e-3
+    warmup: int = 50
+    loss_decay: float = 0.8
+    checkpoint_every: int = 250
+    holdout: float = 0.05
+    seed: int = 0
+    autocast: bool = True
+
+
+@dataclass
+class HeadsTrainReport:
+    steps: int
+    seconds: float
+    final_loss: float
+    accuracy_by_head: list[float]
+    """Held-out top-1 accuracy of head k against token t+2+k."""
+    curve: list[dict[str, float]] = field(default_factory=list)
+
+
+def answer_positions(cache: FeatureCache, rows: list[int], reach: int) -> torch.Tensor:
+    """Cache rows t of the answers of sequences ``rows`` whose next ``reach`` tokens are all answer tokens."""
+    picked = []
+    for index in rows:
+        span = cache.span(index)
+        first = span.start + int(cache.prompt_lens[index]) - 1
+        picked.append(torch.arange(first, max(first, span.stop - reach)))  # none where the answer is shorter
+    return torch.cat(picked)
+
+
+def head_losses(
+    heads: SpanHeads, cache: FeatureCache, to_draft: torch.Tensor, positions: torch.Tensor, decay: float
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Weighted CE over the heads and each head's top-1 accuracy at ``positions``."""
+    logits = heads(cache.final[positions].float())
+    total = logits.new_zeros(())
+    accuracies = []
+    for k in range(heads.config.num_heads):
+        labels = to_draft[cache.tokens[positions + 2 + k].long()]
+        keep = labels >= 0
+        ce = F.cross_entropy(logits[k][keep].float(), labels[keep])
+        total = total + decay ** (k + 1) * ce
+        accuracies.append((logits[k].argmax(-1) == labels).float().mean())
+    return total, accuracies
+
+
+def run(
+    loaded: LoadedModel, cache: FeatureCache, config: HeadsTrainConfig, draft_vocab: torch.Tensor | None
+) -> HeadsTrainReport:
+    """Heads, loop, held-out accuracy, and the heads' files (bfloat16) with their report and curve."""
+    torch.manual_seed(config.seed)
+    loaded.model.requires_grad_(False)
+    order = list(range(cache.sequences))
+    random.Random(config.seed).shuffle(order)
+    held = max(2, int(len(order) * config.holdout))
+    reach = config.num_heads + 2
+    held_out, training = answer_positions(cache, order[:held], reach), answer_positions(cache, order[held:], reach)
+    heads = DSparkModel.with_new_heads(loaded, config.num_heads, draft_vocab).heads.float()
+    heads.bind_vocab(loaded.model.get_output_embeddings())
+    heads.train()
+    to_draft = to_draft_index(loaded.model.get_output_embeddings().weight.shape[0], draft_vocab)
+    optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    start, curve = 0, []
+    if has_checkpoint(config.output):
+        folder = config.output / CHECKPOINT_DIR
+        heads.load_state_dict(SpanHeads.load(folder, loaded.model.get_output_embeddings()).state_dict())
+        start, curve = resume_trainer_state(folder, optimizer)
+    generator = torch.Generator().manual_seed(config.seed + start)
+    started = time.perf_counter()
+    ema: dict[str, float] = {}
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast)
+    with JobProgress() as progress:
+        task = progress.add_job("train (span heads)", total=config.steps, completed=start)
+        for step in range(start, config.steps):
+            picked = training[torch.randint(len(training), (config.positions,), generator=generator)]
+            with autocast:
+                loss, accuracies = head_losses(heads, cache, to_draft, picked, config.loss_decay)
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(step, config.steps, config.lr, config.warmup)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(heads.parameters(), 1.0)
+            optimizer.step()
+            values = {"loss": loss.item(), **{f"acc{k + 2}": a.item() for k, a in enumerate(accuracies)}}
+            ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in values.items()}
+            progress.step(task, status=" ".join(f"{k}={v:.3f}" for k, v in ema.items()))
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                tau = 1.0 + sum(
+                    torch.tensor([ema[f"acc{k + 2}"] for k in range(j + 1)]).prod().item()
+                    for j in range(config.num_heads)
+                )
+                curve.append({"step": step + 1, "loss": ema["loss"], "tau": tau})
+                heads.save(config.output / CHECKPOINT_DIR)
+                save_trainer_state(config.output / CHECKPOINT_DIR, optimizer, config, step + 1, curve)
+    heads.eval()
+    accuracy = _held_out_accuracy(heads, cache, to_draft, held_out, config, autocast)
+    heads.save(config.output, dtype=torch.bfloat16)
+    report = HeadsTrainReport(
+        steps=config.steps,
+        seconds=time.perf_counter() - started,
+        final_loss=ema.get("loss", float("nan")),
+        accuracy_by_head=accuracy,
+        curve=curve,
+    )
+    (config.output / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
+    if len(curve) > 1:
+        plot_curve(curve, config.output / CURVE_PLOT, "span heads")
+    return report
+
+
+@torch.no_grad()
+def _held_out_accuracy(
+    heads: SpanHeads,
+    cache: FeatureCache,
+    to_draft: torch.Tensor,
+    positions: torch.Tensor,
+    config: HeadsTrainConfig,
+    autocast: torch.autocast,
+) -> list[float]:
+    hits = torch.zeros(config.num_heads)
+    for chunk in positions.split(config.positions):
+        with autocast:
+            _, accuracies = head_losses(heads, cache, to_draft, chunk, config.loss_decay)
+        hits += torch.stack(accuracies).float() * len(chunk)
+    return (hits / max(1, len(positions))).tolist()

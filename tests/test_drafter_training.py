@@ -1,0 +1,146 @@
+"""The drafters' training pipeline on a tiny frozen target, as a user runs it: ``train data``, ``train dspark``,
+``train heads``, ``train export``. The losses fall, checkpoints resume, STS calibrates, and what it writes loads
+in the DSpark pool beside the target (``drafter_path``) and decodes losslessly."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from backends import AutoregressiveBackend, GenerationRequest
+from backends.dspark.backend import DSparkBackend, load_drafter
+from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
+from backends.loading import load_model
+from backends.modelfactory import build_model, save_pretrained
+from backends.training import drafter as drafter_training
+from backends.training.checkpoints import CHECKPOINT_DIR
+from backends.training.commands import DISTILL_FILE, VOCAB_FILE
+from backends.training.distill import read_distilled
+from backends.training.features import FeatureCache
+from backends.training.heads import REPORT_FILE as HEADS_REPORT
+from router.cli import main
+
+DRAFT_VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def sharp_target(tmp_path_factory, tiny_tokenizer) -> Path:
+    """A tiny Qwen3 whose final norm is scaled up: peaked next-token distributions, as a trained model has, so
+    acceptance varies from token to token and there is something for the confidence head to predict."""
+    model = build_model("qwen3", tiny_tokenizer, seed=11)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(8.0)
+    return save_pretrained(model, tiny_tokenizer, tmp_path_factory.mktemp("sharp") / "target")
+
+
+@pytest.fixture(scope="module")
+def run_dir(sharp_target, tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("run")
+    argv = ["train", "data", "--target", str(sharp_target), "--run", str(run)]
+    assert main([*argv, "--subtasks", "12", "--openings", "6", "--max-tokens", "24", "--batch", "6"]) == 0
+    return run
+
+
+@pytest.fixture(scope="module")
+def drafters(sharp_target, run_dir, tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("drafters")
+    common = ["--target", str(sharp_target), "--run", str(run_dir), "--vocab-size", str(DRAFT_VOCAB)]
+    dspark = ["train", "dspark", *common, "--output", str(folder / DRAFTER_DIR), "--steps", "30"]
+    dspark += ["--batch-size", "3", "--anchors", "4", "--draft-layers", "1", "--markov-rank", "16"]
+    assert main([*dspark, "--warmup", "2", "--lr", "3e-3", "--checkpoint-every", "10"]) == 0
+    heads = ["train", "heads", *common, "--output", str(folder), "--steps", "30", "--positions", "64"]
+    assert main([*heads, "--warmup", "2", "--lr", "1e-2", "--checkpoint-every", "10"]) == 0
+    return folder
+
+
+def test_data_holds_the_targets_own_greedy_answers_and_their_features(sharp_target, run_dir):
+    records = read_distilled(run_dir / DISTILL_FILE)
+    assert len(records) == 18 and {r.source.split(":")[0] for r in records} == {"subtask", "code", "prose"}
+    ar = AutoregressiveBackend.from_pretrained(sharp_target)
+    record = records[0]
+    reference = ar.complete(GenerationRequest(prompt="x", max_tokens=1))  # warm the engine
+    assert reference.token_ids
+    cache = FeatureCache.load(run_dir)
+    assert cache.sequences == 18 and cache.tokens.tolist()[: len(record.tokens)] == record.tokens
+    loaded = load_model(sharp_target)
+    with torch.no_grad():
+        out = loaded.model(input_ids=torch.tensor([record.tokens]), output_hidden_states=True)
+    rows = cache.span(0)
+    torch.testing.assert_close(cache.final[rows], out.hidden_states[-1][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(cache.lse[rows], torch.logsumexp(out.logits[0], -1), rtol=1e-4, atol=1e-4)
+    assert torch.equal(out.logits[0, len(record.prompt) - 1 : -1].argmax(-1), torch.tensor(record.completion))
+    coverage = json.loads((run_dir / VOCAB_FILE).read_text())["coverage"]
+    assert list(coverage.values()) == sorted(coverage.values()) and max(coverage.values()) == 1.0
+
+
+def test_both_drafters_learn_and_decode_losslessly_from_their_own_folder(sharp_target, drafters):
+    report = json.loads((drafters / DRAFTER_DIR / drafter_training.REPORT_FILE).read_text())
+    assert report["final_loss"] < report["first_loss"]
+    assert len(report["acceptance_by_position"]) == 7 and len(report["temperatures"]) == 7
+    heads = json.loads((drafters / HEADS_REPORT).read_text())
+    assert heads["curve"][-1]["loss"] < heads["curve"][0]["loss"]
+    with safe_open(drafters / DRAFTER_DIR / WEIGHTS_FILE, "pt") as weights:
+        assert "lm_head.weight" not in set(weights.keys()), "the target's LM head is not stored again"
+        assert weights.get_tensor("draft_vocab").shape == (DRAFT_VOCAB,)
+    ar = AutoregressiveBackend.from_pretrained(sharp_target)
+    for drafter in ("heads", "dspark"):
+        backend = DSparkBackend.from_pretrained(sharp_target, drafter=drafter, drafter_path=drafters)
+        for prompt in ("def parse(", "The city is"):
+            request = GenerationRequest(prompt=prompt, max_tokens=24, temperature=0.0)
+            assert backend.complete(request).token_ids == ar.complete(request).token_ids, drafter
+
+
+def test_training_resumes_from_its_checkpoint(sharp_target, run_dir, drafters):
+    output = drafters / DRAFTER_DIR
+    argv = ["train", "dspark", "--target", str(sharp_target), "--run", str(run_dir), "--output", str(output)]
+    argv += ["--steps", "34", "--batch-size", "3", "--anchors", "4", "--draft-layers", "1", "--markov-rank", "16"]
+    assert main([*argv, "--vocab-size", str(DRAFT_VOCAB)]) == 0
+    state = torch.load(output / CHECKPOINT_DIR / "trainer_state.pt", weights_only=True)
+    assert state["step"] == 34
+    assert math.isnan(json.loads((output / drafter_training.REPORT_FILE).read_text())["first_loss"])
+
+
+def test_calibration_lowers_ece_on_held_out_data(sharp_target, run_dir, drafters):
+    """An over-confident head (logits four times too large) is what STS exists for: the temperatures it fits on
+    one half of the held-out blocks recover the factor, and the ECE of prefix survival on the other half falls."""
+    loaded = load_model(sharp_target)
+    drafter = load_drafter(loaded, drafters / DRAFTER_DIR)
+    drafter.config.confidence_temperatures = None
+    with torch.no_grad():
+        drafter.confidence_head.proj.weight.mul_(4.0)
+        drafter.confidence_head.proj.bias.mul_(4.0)
+    cache = FeatureCache.load(run_dir)
+    to_draft = drafter_training.to_draft_index(drafter.config.vocab_size, drafter.vocab.ids)
+    config = replace(drafter_training.DrafterTrainConfig(output=drafters), anchors=8, autocast=False)
+    before, after, temperatures, _ = drafter_training.calibrate(drafter, cache, to_draft, list(range(18)), config)
+    assert after < before
+    assert all(2.5 < t < 6.0 for t in temperatures)
+    assert drafter.config.confidence_temperatures == temperatures
+
+
+def test_export_writes_the_whole_published_layout(sharp_target, drafters, tmp_path):
+    assert (
+        main(
+            [
+                "train",
+                "export",
+                "--target",
+                str(sharp_target),
+                "--drafter",
+                str(drafters / DRAFTER_DIR),
+                "--output",
+                str(tmp_path / "exported"),
+            ]
+        )
+        == 0
+    )
+    with safe_open(tmp_path / "exported" / WEIGHTS_FILE, "pt") as weights:
+        assert {"embed_tokens.weight", "lm_head.weight"} <= set(weights.keys())
+    backend = DSparkBackend.from_pretrained(sharp_target, drafter="dspark", drafter_path=tmp_path / "exported")
+    assert backend.drafter.vocab.ids is None
