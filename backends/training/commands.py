@@ -121,11 +121,20 @@ def _vocab(args: argparse.Namespace):
     return draft_vocab(json.loads((Path(args.run) / VOCAB_FILE).read_text())["ranked"], args.vocab_size)
 
 
-def _heads(args: argparse.Namespace) -> int:
+def _train(args: argparse.Namespace, run: Callable, config: object) -> int:
+    """One drafter's stage: the target, the cached features and the vocabulary in, its report (less the curve)
+    out."""
     from backends.training.features import FeatureCache
-    from backends.training.heads import HeadsTrainConfig, run
 
     loaded = _setup(args)
+    report = run(loaded, FeatureCache.load(Path(args.run)), config, _vocab(args))
+    print(json.dumps({k: v for k, v in asdict(report).items() if k != "curve"}, indent=2))
+    return 0
+
+
+def _heads(args: argparse.Namespace) -> int:
+    from backends.training.heads import HeadsTrainConfig, run
+
     config = HeadsTrainConfig(
         output=Path(args.output),
         num_heads=args.num_heads,
@@ -136,16 +145,12 @@ def _heads(args: argparse.Namespace) -> int:
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
     )
-    report = run(loaded, FeatureCache.load(Path(args.run)), config, _vocab(args))
-    print(json.dumps({k: v for k, v in asdict(report).items() if k != "curve"}, indent=2))
-    return 0
+    return _train(args, run, config)
 
 
 def _dspark(args: argparse.Namespace) -> int:
     from backends.training.drafter import DrafterTrainConfig, run
-    from backends.training.features import FeatureCache
 
-    loaded = _setup(args)
     config = DrafterTrainConfig(
         output=Path(args.output),
         steps=args.steps,
@@ -159,9 +164,7 @@ def _dspark(args: argparse.Namespace) -> int:
         layers=args.draft_layers,
         markov_rank=args.markov_rank,
     )
-    report = run(loaded, FeatureCache.load(Path(args.run)), config, _vocab(args))
-    print(json.dumps({k: v for k, v in asdict(report).items() if k != "curve"}, indent=2))
-    return 0
+    return _train(args, run, config)
 
 
 def _export(args: argparse.Namespace) -> int:
