@@ -13,6 +13,7 @@ from functools import cache
 from pathlib import Path
 
 import torch
+from jinja2 import TemplateError
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
@@ -147,7 +148,12 @@ def prompt_ids(loaded: LoadedModel, request: GenerationRequest) -> list[int]:
         messages = prompt_messages(
             [m.model_dump(exclude_none=True) for m in request.messages], request.response_format, request.tools
         )
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        try:
+            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        except TemplateError as exc:  # the template's own refusal (a role order it rejects): the request's fault
+            raise InvalidRequestError(
+                f"the model's chat template refuses these messages: {exc}", param="messages"
+            ) from exc
         ids = list(ids)
     else:
         ids = tokenizer(request.prompt, add_special_tokens=True)["input_ids"]

@@ -8,6 +8,7 @@ the target's answers to exactly what serving sends it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -49,13 +50,13 @@ def _schema_note(schema: Any) -> str:
 
 
 def prompt_messages(
-    messages: Sequence[dict[str, str]],
+    messages: Sequence[dict[str, Any]],
     response_format: dict[str, Any] | None = None,
     tools: Sequence[dict[str, Any]] | None = None,
 ) -> list[dict[str, str]]:
-    """The messages as the model sees them: format and tool notes appended to the system message (one is added
-    when there is none). Returns copies; the input is left alone."""
-    out = [dict(message) for message in messages]
+    """The messages as the model sees them: role and text only, with format and tool notes appended to the
+    system message (one is added when there is none). Returns copies; the input is left alone."""
+    out = [{"role": message["role"], "content": _message_text(message)} for message in messages]
     note = format_instructions(response_format, tools)
     if note is None:
         return out
@@ -64,3 +65,16 @@ def prompt_messages(
     else:
         out.insert(0, {"role": "system", "content": note})
     return out
+
+
+def _message_text(message: dict[str, Any]) -> str:
+    """An assistant's earlier tool calls written back as the JSON it replied with, so a template that knows only
+    role and content (most small models') shows the model its own call before the tool's answer."""
+    parts = [message["content"]] if message.get("content") else []
+    for call in message.get("tool_calls") or []:
+        function = call.get("function", {}) if isinstance(call, dict) else {}
+        arguments = function.get("arguments", "")
+        with contextlib.suppress(json.JSONDecodeError):  # a call cut by max_tokens is shown as far as it went
+            arguments = json.loads(arguments) if isinstance(arguments, str) else arguments
+        parts.append(json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False))
+    return "\n".join(parts)

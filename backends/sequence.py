@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import torch
 
-from backends.constraints import GrammarConstraint, parse_tool_calls
+from backends.constraints import GrammarConstraint, cut_tool_call, parse_tool_calls
 from backends.output import OutputTracker
 from backends.steps import DecodeLoop, Step
 from backends.types import GenerationRequest, GenerationResult, GenerationStats, StreamChunk, Usage
@@ -77,13 +77,17 @@ class Sequence:
         stats.wall_time_s = time.perf_counter() - self.started
         stats.constraint_s = self.constraint.elapsed_s if self.constraint is not None else 0.0
         stats.tokens_per_s = len(tracker.token_ids) / stats.wall_time_s if stats.wall_time_s else 0.0
-        tool_calls = (
-            parse_tool_calls(tracker.text, request.tools) if request.tools and request.tool_choice != "none" else None
-        )
+        finish_reason, tool_calls = tracker.finish_reason or "length", None
+        if request.tools and request.tool_choice != "none":
+            tool_calls = parse_tool_calls(tracker.text, request.tools)
+            if tool_calls:
+                finish_reason = "tool_calls"
+            elif finish_reason == "length":
+                tool_calls = cut_tool_call(tracker.text, request.tools)
         result = GenerationResult(
             text=tracker.text,
             token_ids=tracker.token_ids,
-            finish_reason="tool_calls" if tool_calls else tracker.finish_reason or "length",
+            finish_reason=finish_reason,
             usage=Usage(prompt_tokens=len(self.prompt), completion_tokens=len(tracker.token_ids)),
             stats=stats,
             tool_calls=tool_calls,

@@ -15,6 +15,7 @@ from pydantic import (
     Field,
     StrictInt,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
     model_validator,
@@ -60,7 +61,15 @@ class ChatMessage(BaseModel):
     content: Annotated[str | None, WithJsonSchema(CONTENT_SCHEMA)] = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-    tool_call_id: str | None = None
+    tool_call_id: str | None = Field(default=None, validate_default=True)
+
+    @field_validator("tool_call_id")
+    @classmethod
+    def _tool_replies_name_their_call(cls, value: str | None, info: ValidationInfo) -> str | None:
+        """An agent loop that loses the pairing of a reply with its call would feed the model a dangling result."""
+        if info.data.get("role") == "tool" and not value:
+            raise ValueError("a message with role 'tool' must carry the tool_call_id of the call it answers")
+        return value
 
     @field_validator("content", mode="before")
     @classmethod
@@ -142,6 +151,17 @@ class GenerationRequest(BaseModel):
     def _refuse_lone_surrogates(cls, data: Any) -> Any:
         check_text(data)
         return data
+
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_shape(cls, value: Any) -> Any:
+        """Checked before the union, so a wrong type names ``tool_choice`` rather than one of its branches."""
+        if value is not None and not isinstance(value, (str, dict)):
+            raise ValueError(
+                f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": {{"name": ...}}}}'
+                f"; got {value!r}"
+            )
+        return value
 
     @field_validator("stop", mode="before")
     @classmethod

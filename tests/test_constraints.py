@@ -17,7 +17,13 @@ import jsonschema
 import pytest
 import torch
 
-from backends.constraints import ConstraintError, GrammarConstraint, parse_tool_calls, request_grammar
+from backends.constraints import (
+    ConstraintError,
+    GrammarConstraint,
+    cut_tool_call,
+    parse_tool_calls,
+    request_grammar,
+)
 from backends.constraints.vocabulary import llg_tokenizer
 from backends.errors import UnsupportedFormatError
 from backends.loading import load_model
@@ -393,13 +399,37 @@ def test_tool_refusals(constrain, fields, param, needle):
 def test_parse_tool_calls():
     text = '{"name": "add", "arguments": {"a": 1, "b": 2}}'
     (call,) = parse_tool_calls(text, TOOLS)
-    assert call["type"] == "function" and call["id"].startswith("call_")
+    assert call["type"] == "function" and re.fullmatch(r"call_[0-9a-f]{24}", call["id"])
     assert call["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
-    assert parse_tool_calls(text, TOOLS) == [call]
-    assert parse_tool_calls('{"name": "add", "arguments": {"a": 1, "b": 3}}', TOOLS)[0]["id"] != call["id"]
+    (again,) = parse_tool_calls(text, TOOLS)
+    assert again["function"] == call["function"] and again["id"] != call["id"]  # the same call made twice: two ids
     for answer in ["It is sunny.", '{"name": "other", "arguments": {}}', '{"name": "add"}', "{", ""]:
         assert parse_tool_calls(answer, TOOLS) is None
     assert parse_tool_calls(text, None) is None
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "arguments"),
+    [
+        ('{"name": "get_weather", "arguments": {"city": "Po', "get_weather", '{"city": "Po'),
+        ('{"name": "get_weather", "arguments": ', "get_weather", ""),
+        ('{"name": "get_weather",', "get_weather", ""),
+        ('{"name": "get_wea', "get_weather", ""),  # only one tool starts so: the grammar allows nothing else
+        ('{"name": "a', "add", ""),
+        ('{"name": "n', "now", ""),
+        ('{"name": "', "", ""),  # three tools are still possible
+        ('{"na', "", ""),
+    ],
+)
+def test_a_call_cut_short_keeps_its_name_and_partial_arguments(text, name, arguments):
+    (call,) = cut_tool_call(text, TOOLS)
+    assert call["function"] == {"name": name, "arguments": arguments} and call["id"].startswith("call_")
+    assert cut_tool_call('{"name": "n', TOOLS[:2])[0]["function"]["name"] == "n"  # no tool starts so: as written
+
+
+@pytest.mark.parametrize("text", ["It is", '{"answer": 4', "", "[1, 2"])
+def test_text_cut_short_is_not_a_call(text):
+    assert cut_tool_call(text, TOOLS) is None
 
 
 def test_request_grammar_is_lark_text():

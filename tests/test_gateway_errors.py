@@ -145,6 +145,13 @@ def test_a_model_that_is_not_a_string_is_400_naming_it(gateway, model):
         ({"seed": "7"}, "seed"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"stream_options": {"include_usage": True}, "stream": False}, "stream_options"),
+        ({"tool_choice": 5}, "tool_choice"),
+        ({"tool_choice": ["required"]}, "tool_choice"),
+        ({"messages": [*MESSAGES, {"role": "tool", "content": "sunny"}]}, f"messages.{len(MESSAGES)}.tool_call_id"),
+        (
+            {"messages": [*MESSAGES, {"role": "tool", "content": "x", "tool_call_id": ""}]},
+            f"messages.{len(MESSAGES)}.tool_call_id",
+        ),
     ],
 )
 def test_what_openai_refuses_is_400_naming_the_field(gateway, extra, param):

@@ -11,11 +11,13 @@ tool loop) is the frameworks' own code against a real server.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Annotated
 
 import pytest
 from pydantic import BaseModel, Field
 
+from router import Router
 from tests.test_gateway_support import (  # noqa: F401
     WEATHER,
     base_url,
@@ -23,6 +25,7 @@ from tests.test_gateway_support import (  # noqa: F401
     gateway,
     gateway_router,
     router_models,
+    serve,
 )
 from tests.test_router_support import MESSAGES
 
@@ -76,6 +79,49 @@ async def test_an_openai_agent_calls_its_tool_and_answers(base_url, decision_log
     records = [json.loads(line) for line in decision_log.read_text().splitlines()]
     replies = [m for r in records for m in r["request"]["messages"] if m["role"] == "tool"]
     assert {"role": "tool", "content": f"sunny in {cities[0]}"}.items() <= replies[-1].items()
+
+
+@pytest.fixture(scope="module")
+def default_url() -> Iterator[str]:
+    """The embedded default (SmolLM2-135M-Instruct and its drafters) behind a real gateway."""
+    with Router.from_config() as router:
+        router.warmup()
+        with serve(router) as server:
+            yield f"{server.url}/v1"
+
+
+@pytest.mark.parametrize("tool_choice", [None, "required"])
+async def test_an_openai_agent_runs_to_its_answer_on_the_default_model(default_url, tool_choice):
+    """The run of the issue that looped to MaxTurnsExceeded: calls came back with the id of an earlier call, which
+    the SDK takes for one already run, and a second turn holding the call crashed the model's chat template."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    cities: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        cities.append(city)
+        return f"It is sunny and 21 C in {city}."
+
+    client = AsyncOpenAI(base_url=default_url, api_key="unused", max_retries=0)
+    agent = Agent(
+        name="forecaster",
+        instructions="Use the tool to look the weather up, then answer in one sentence.",
+        tools=[get_weather],
+        model=OpenAIChatCompletionsModel(model="dspark-router/auto", openai_client=client),
+        model_settings=ModelSettings(tool_choice=tool_choice, temperature=0, max_tokens=64),
+    )
+    run = await Runner.run(agent, "What is the weather in Porto?", max_turns=4)
+    assert isinstance(run.final_output, str) and run.final_output
+    kinds = [type(item) for item in run.new_items]
+    assert kinds[-1] is MessageOutputItem
+    assert kinds.count(ToolCallItem) == kinds.count(ToolCallOutputItem) == len(cities)
+    if tool_choice == "required":
+        assert kinds == [ToolCallItem, ToolCallOutputItem, MessageOutputItem] and cities == ["Porto"]
 
 
 def test_langchain_binds_tools_and_structures_output(base_url):

@@ -118,9 +118,34 @@ def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client):
     chunks = list(client.chat.completions.create(**args, stream=True))
     assert not any(c.choices[0].delta.content for c in chunks if c.choices)
     deltas = [call for c in chunks if c.choices for call in c.choices[0].delta.tool_calls or []]
-    assert deltas[0].id == whole.id and deltas[0].function.name == "get_weather"
+    assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
+    assert deltas[0].id != whole.id  # the same call made again is a new call: agent frameworks drop repeated ids
     assert "".join(d.function.arguments or "" for d in deltas) == whole.function.arguments
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_a_tool_call_cut_by_max_tokens_is_still_a_call(client):
+    """As OpenAI answers it: the call with the arguments written so far, no content, finish_reason length."""
+    args = {
+        "model": "dspark-router/auto",
+        "messages": [{"role": "user", "content": "Weather in Porto?"}],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**args).choices[0]
+    assert whole.finish_reason == "length" and whole.message.content is None
+    (call,) = whole.message.tool_calls
+    assert call.function.name == "get_weather" and call.id.startswith("call_")
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(call.function.arguments)
+    chunks = list(client.chat.completions.create(**args, stream=True))
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    assert deltas[0].function.name == "get_weather"
+    assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
+    assert chunks[-1].choices[0].finish_reason == "length"
 
 
 def test_raw_response_headers_carry_the_decision_and_the_request_id(client, decision_log):

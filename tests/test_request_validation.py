@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 
 from backends import GenerationRequest, InvalidRequestError, ModelLoadError
 from backends.autoregressive import AutoregressiveBackend
+from backends.loading import prompt_ids
 
 
 @pytest.mark.parametrize(
@@ -64,3 +68,30 @@ def test_prompt_longer_than_context_is_refused(tiny_model_paths):
         backend.complete(GenerationRequest(prompt="x", max_tokens=10_000, temperature=0.0))
     assert err.value.param == "max_tokens"
     assert backend.complete(GenerationRequest(prompt="x", max_tokens=2, temperature=0.0)).usage.completion_tokens == 2
+
+
+CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Porto"}'}}
+TOOL_TURN = [
+    {"role": "user", "content": "Weather in Porto?"},
+    {"role": "assistant", "content": None, "tool_calls": [CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+]
+
+
+def test_an_earlier_tool_call_reaches_the_model_as_the_json_it_wrote(tiny_model_paths):
+    """Chat templates of small models read only role and content: an assistant turn that is all tool call would
+    be undefined content to them (a template crash before this was fixed)."""
+    backend = AutoregressiveBackend.from_pretrained(tiny_model_paths["llama"])
+    request = GenerationRequest(messages=TOOL_TURN, max_tokens=2, temperature=0.0)
+    prompt = backend.loaded.tokenizer.decode(prompt_ids(backend.loaded, request))
+    assert '{"name": "get_weather", "arguments": {"city": "Porto"}}' in prompt and "sunny" in prompt
+    assert backend.complete(request).usage.completion_tokens == 2
+
+
+def test_a_template_that_refuses_the_messages_is_a_request_error(tiny_model_paths):
+    backend = AutoregressiveBackend.from_pretrained(tiny_model_paths["llama"])
+    loaded = dataclasses.replace(backend.loaded, tokenizer=copy.copy(backend.loaded.tokenizer))
+    loaded.tokenizer.chat_template = "{{ raise_exception('Conversation roles must alternate') }}"
+    with pytest.raises(InvalidRequestError, match="roles must alternate") as err:
+        prompt_ids(loaded, GenerationRequest(messages=TOOL_TURN, temperature=0.0))
+    assert err.value.param == "messages"

@@ -2,6 +2,13 @@
 
 from backends.constraints.engine import ConstraintError, GrammarConstraint
 from backends.constraints.formats import request_grammar
-from backends.constraints.tools import parse_tool_calls, resolve_tool_choice
+from backends.constraints.tools import cut_tool_call, parse_tool_calls, resolve_tool_choice
 
-__all__ = ["ConstraintError", "GrammarConstraint", "parse_tool_calls", "request_grammar", "resolve_tool_choice"]
+__all__ = [
+    "ConstraintError",
+    "GrammarConstraint",
+    "cut_tool_call",
+    "parse_tool_calls",
+    "request_grammar",
+    "resolve_tool_choice",
+]

@@ -5,13 +5,15 @@ tuned to emit, with the two fields OpenAI's ``tool_calls`` carry. The grammar pi
 tools and ``arguments`` to that tool's ``parameters`` schema, so every call that completes is one the client
 can run; :func:`parse_tool_calls` then only has to reshape it. One call per completion: the request has no
 ``parallel_tool_calls``, and a grammar that ends right after the call lets the decoder stop there instead of
-waiting for the model to emit EOS.
+waiting for the model to emit EOS. A call cut short by ``max_tokens`` is still a call (:func:`cut_tool_call`), as
+OpenAI returns it: the name and the arguments written so far, with ``finish_reason: "length"``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import re
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,11 +80,7 @@ def call_schema(functions: tuple[dict[str, Any], ...]) -> dict[str, Any]:
 
 
 def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """OpenAI-shaped ``tool_calls`` when ``text`` is a call to one of ``tools``; None when it is an answer.
-
-    The id is a hash of the call, not a random one, so the same completion always yields the same result
-    (reproducible tests, cacheable responses).
-    """
+    """OpenAI-shaped ``tool_calls`` when ``text`` is a call to one of ``tools``; None when it is an answer."""
     names = {f["name"] for f in _functions(tools)}
     try:
         call = json.loads(text)
@@ -90,9 +88,44 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]] | None) -> list[dict
         return None
     if not (isinstance(call, dict) and call.get("name") in names and isinstance(call.get("arguments"), dict)):
         return None
-    arguments = json.dumps(call["arguments"], ensure_ascii=False)
-    digest = hashlib.sha256(f"{call['name']}\n{arguments}".encode()).hexdigest()[:24]
-    return [{"id": f"call_{digest}", "type": "function", "function": {"name": call["name"], "arguments": arguments}}]
+    return [_tool_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False))]
+
+
+# The opening of a call as the grammar writes it: the name (perhaps cut) and, once it is closed, the arguments.
+_CALL_OPENING = re.compile(
+    r'\s*\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)(?P<closed>"\s*(?:,\s*("arguments"\s*:\s*)?)?)?'
+)
+
+
+def cut_tool_call(text: str, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The call a completion cut by ``max_tokens`` had begun, or None when it had not begun one.
+
+    The grammar only lets the name be one of the tools', so a name cut short that starts only one of them is
+    completed to it: the model could have written nothing else. A name that is still ambiguous stays as written.
+    The arguments are the JSON written so far, unfinished, as OpenAI sends them in the same case.
+    """
+    opening = _CALL_OPENING.match(text)
+    if opening is None:
+        squeezed = "".join(text.split())
+        if not (squeezed and '{"name":"'.startswith(squeezed)):
+            return None
+        name, closed, arguments = "", False, ""
+    else:
+        name, closed = opening["name"], bool(opening["closed"])
+        arguments = text[opening.end() :] if opening.group(3) else ""
+    if not closed:
+        candidates = [f["name"] for f in _functions(tools) if f["name"].startswith(name)]
+        name = candidates[0] if len(candidates) == 1 else name
+    return [_tool_call(name, arguments)]
+
+
+def _tool_call(name: str, arguments: str) -> dict[str, Any]:
+    """A fresh id per call, as OpenAI's: agent frameworks treat a call whose id they have seen as already run."""
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
 
 
 def _functions(tools: list[dict[str, Any]] | None) -> tuple[dict[str, Any], ...]:
