@@ -54,6 +54,11 @@ class PoolUnavailableError(BackendError):
     error_type = "service_unavailable"
     status_code = 503
 
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """When a cooled-down pool takes requests again (the gateway's ``Retry-After``); None when unknown."""
+
 
 class JobDeadLetteredError(BackendError):
     """A job was delivered to workers ``max_deliveries`` times and never finished (each worker died on it); it is

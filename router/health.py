@@ -7,11 +7,17 @@ when it has none): no request waits for a timeout from a server that is known to
 passing health check, ends the streak and the cooldown.
 
 Health checks run where a pool has something to ask: a remote engine's ``GET {api_base}/models`` (vLLM, SGLang
-and ``transformers serve`` all answer it) and a Redis pool's ``PING``. In-process pools need none.
+and ``transformers serve`` all answer it) and a Redis pool's ``PING``. In-process pools need none. A healthy pool
+is checked every ``check_interval_s``; one that is cooled down or failed its last check is probed on a back-off
+from :data:`FIRST_RETRY_S` up to :data:`MAX_RETRY_S`, so service returns within a second of its Redis or engine.
+A passing probe lifts a cooldown when the probe can vouch for what failed: a check had failed, or the requests
+failed to reach the pool's transport. A cooldown from requests that reached a pool whose probe passes (an engine
+that lists its models but fails completions) runs its full ``cooldown_s``.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -24,6 +30,11 @@ from router.pool import Pool
 
 Probe = Callable[[], bool]
 
+FIRST_RETRY_S = 0.1
+"""The first probe of a pool that just cooled down or failed a check; each failed probe doubles the wait."""
+MAX_RETRY_S = 0.5
+"""The longest wait between probes of an unhealthy pool: back within a second of its transport."""
+
 
 class PoolHealth:
     def __init__(self, name: str, config: PoolConfig, probe: Probe | None = None) -> None:
@@ -32,15 +43,23 @@ class PoolHealth:
         self.cooldown_s = config.health.cooldown_s
         self.check_interval_s = config.health.check_interval_s
         self.probe = probe
+        self.cooled = threading.Event()
+        """Set when the pool cools down, so the health checks probe it at once rather than at their interval."""
         self._fails = 0
         self._cooled_until = 0.0
         self._last_error = ""
         self._check_failed = False
+        self._probe_vouches = False
         self._lock = threading.Lock()
 
     @property
     def cooled_down(self) -> bool:
         return time.monotonic() < self._cooled_until
+
+    @property
+    def unhealthy(self) -> bool:
+        """Cooled down or failing its checks: probed on the back-off instead of the interval."""
+        return self._check_failed or self.cooled_down
 
     def problem(self) -> str | None:
         """Why the pool takes no requests right now, or None."""
@@ -61,18 +80,21 @@ class PoolHealth:
     def admit(self) -> None:
         problem = self.problem()
         if problem is not None:
-            raise PoolUnavailableError(problem)
+            left = self._cooled_until - time.monotonic()
+            raise PoolUnavailableError(problem, retry_after_s=max(1, math.ceil(left)))
 
     def succeeded(self) -> None:
         with self._lock:
-            self._fails, self._cooled_until = 0, 0.0
+            self._fails, self._cooled_until, self._probe_vouches = 0, 0.0, False
 
     def failed(self, error: BaseException | str) -> None:
         with self._lock:
             self._fails += 1
             self._last_error = str(error)[:200]
+            self._probe_vouches = self._probe_vouches or isinstance(error, PoolUnavailableError)
             if self._fails >= self.allowed_fails:
                 self._cooled_until = time.monotonic() + self.cooldown_s
+                self.cooled.set()
 
     def check(self) -> None:
         """One health check, counted like a request."""
@@ -85,14 +107,15 @@ class PoolHealth:
         else:
             reason = "health check failed"
         self._check_failed = not healthy
-        if healthy:
-            self.succeeded()
-        else:
+        if not healthy:
+            self._probe_vouches = True
             self.failed(reason)
+        elif self._probe_vouches or not self.cooled_down:
+            self.succeeded()
 
 
 class HealthChecks:
-    """One thread that runs every pool's health checks at its interval, until closed."""
+    """One thread that runs every pool's health checks: at its interval while healthy, on a back-off while not."""
 
     def __init__(self, health: dict[str, PoolHealth]) -> None:
         self.checked = [h for h in health.values() if h.probe is not None]
@@ -103,13 +126,20 @@ class HealthChecks:
 
     def _run(self) -> None:
         due = dict.fromkeys(range(len(self.checked)), 0.0)
+        retry = dict.fromkeys(range(len(self.checked)), FIRST_RETRY_S)
         while not self._stop.is_set():
-            now = time.monotonic()
             for i, health in enumerate(self.checked):
-                if now >= due[i]:
-                    health.check()
-                    due[i] = time.monotonic() + health.check_interval_s
-            self._stop.wait(min(due.values()) - time.monotonic())
+                if health.cooled.is_set():  # just cooled down: probe it now
+                    health.cooled.clear()
+                    due[i] = min(due[i], time.monotonic() + FIRST_RETRY_S)
+                if time.monotonic() < due[i]:
+                    continue
+                health.check()
+                if health.unhealthy:
+                    due[i], retry[i] = time.monotonic() + retry[i], min(2 * retry[i], MAX_RETRY_S)
+                else:
+                    due[i], retry[i] = time.monotonic() + health.check_interval_s, FIRST_RETRY_S
+            self._stop.wait(max(0.0, min(min(due.values()) - time.monotonic(), FIRST_RETRY_S)))
 
     def close(self) -> None:
         self._stop.set()
