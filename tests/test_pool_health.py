@@ -59,7 +59,9 @@ def test_a_passing_probe_lifts_a_cooldown_only_where_it_can_vouch():
 
 def test_an_unhealthy_pool_is_probed_on_a_back_off_and_a_healthy_one_at_its_interval():
     probe = Switch()
-    health = PoolHealth("redis", PoolConfig(backend="autoregressive", model="m", health={"check_interval_s": 60}), probe)
+    health = PoolHealth(
+        "redis", PoolConfig(backend="autoregressive", model="m", health={"check_interval_s": 60}), probe
+    )
     checks = HealthChecks({"redis": health})
     try:
         time.sleep(0.5)
