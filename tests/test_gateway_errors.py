@@ -5,8 +5,11 @@
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import httpx
 import openai
@@ -188,6 +191,22 @@ def test_a_body_over_the_cap_is_413_before_it_is_read(gateway_router):
             yield b'"}]}'
 
         assert error_of(post(server.url, content=chunked()), 413)["code"] == "payload_too_large"
+        assert post(server.url, json=CHAT).status_code == 200
+
+
+@pytest.mark.parametrize("size", [5 << 20, 64 << 20])
+def test_a_client_that_sends_its_whole_body_before_reading_still_gets_the_413(gateway_router, size):
+    """urllib (and curl without Expect) write every byte before reading the answer: a server that answers and
+    closes while the body still arrives resets the connection, and the client never sees why."""
+    body = b'{"messages": [{"role": "user", "content": "' + b"x" * size + b'"}]}'
+    with serve(gateway_router) as server:
+        request = urllib.request.Request(
+            f"{server.url}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        assert refused.value.code == 413
+        assert json.loads(refused.value.read())["error"]["code"] == "payload_too_large"
         assert post(server.url, json=CHAT).status_code == 200
 
 

@@ -9,7 +9,8 @@
   so a key's rate holds across every gateway replica; if Redis cannot be reached, each replica falls back to its
   own bucket rather than refuse or wave through every request.
 * **The body cap** is checked against ``Content-Length`` before anything is read, and again while reading (a
-  chunked body has no length), so an oversized body costs the server nothing but its first bytes.
+  chunked body has no length), so an oversized body is never kept; the rest of it is read and dropped, within
+  bounds, so that a client still writing it gets the 413 rather than a reset connection.
 * **Concurrency**: at most ``max_concurrency`` completions are handed to the router at once and at most
   ``max_waiting`` more wait for a slot; beyond that the gateway answers 429 at once instead of queueing
   without bound. The pools' own queues still apply behind it.
@@ -136,9 +137,16 @@ class KeyGuard:
         return bucket.take(time.monotonic())
 
 
+LINGER_BYTES = 128 << 20
+"""The most of a refused body read and dropped so that its client hears the 413 (nginx's lingering close)."""
+LINGER_S = 10.0
+"""The longest a refused body is drained: a client that trickles its bytes is not waited for."""
+
+
 async def read_body(request: Request, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_bytes:
+        await _linger(request, int(declared))
         raise PayloadTooLargeError(f"the body is {int(declared)} bytes; the limit is {max_bytes}")
     parts, size, more = [], 0, True
     while more:
@@ -148,9 +156,31 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         part, more = message.get("body", b""), message.get("more_body", False)
         size += len(part)
         if size > max_bytes:
+            if more:
+                await _linger(request, None)
             raise PayloadTooLargeError(f"the body is over the limit of {max_bytes} bytes")
         parts.append(part)
     return b"".join(parts)
+
+
+async def _linger(request: Request, declared: int | None) -> None:
+    """Read and drop the rest of a refused body, within bounds, before answering.
+
+    Clients that write their whole body before reading (urllib, curl without ``Expect``) otherwise see a
+    connection reset instead of the 413: the server would close with their bytes still unread. A body declared
+    past :data:`LINGER_BYTES` is not drained at all, and none is drained past it or past :data:`LINGER_S`.
+    """
+    if declared is not None and declared > LINGER_BYTES:
+        return
+    drained, deadline = 0, time.monotonic() + LINGER_S
+    while drained <= LINGER_BYTES:
+        try:
+            message = await asyncio.wait_for(request.receive(), max(0.0, deadline - time.monotonic()))
+        except asyncio.TimeoutError:
+            return
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return
+        drained += len(message.get("body", b""))
 
 
 class ConcurrencyLimit:
