@@ -72,7 +72,8 @@ def _message_text(message: dict[str, Any]) -> str:
     role and content (most small models') shows the model its own call before the tool's answer."""
     parts = [message["content"]] if message.get("content") else []
     for call in message.get("tool_calls") or []:
-        function = call.get("function", {}) if isinstance(call, dict) else {}
+        function = call.get("function") if isinstance(call, dict) else None
+        function = function if isinstance(function, dict) else {}
         arguments = function.get("arguments", "")
         with contextlib.suppress(json.JSONDecodeError):  # a call cut by max_tokens is shown as far as it went
             arguments = json.loads(arguments) if isinstance(arguments, str) else arguments

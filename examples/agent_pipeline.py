@@ -202,9 +202,10 @@ def over_http(base_url: str, requests: list[dict[str, Any]], concurrency: int) -
         latency = time.perf_counter() - started
         routed = completion.model_extra["dspark_router"]
         message = completion.choices[0].message
-        if message.tool_calls:  # shown as the model wrote it, as in-process
+        if message.tool_calls:  # shown as the model wrote it, as in-process (arguments cut by max_tokens too)
             call = message.tool_calls[0].function
-            text = json.dumps({"name": call.name, "arguments": json.loads(call.arguments)}, ensure_ascii=False)
+            text = f'{{"name": {json.dumps(call.name, ensure_ascii=False)}, "arguments": {call.arguments}'
+            text += "}" if completion.choices[0].finish_reason == "tool_calls" else ""
         else:
             text = message.content or ""
         return Row(

@@ -45,6 +45,8 @@ class PoolHealth:
         self.probe = probe
         self.cooled = threading.Event()
         """Set when the pool cools down, so the health checks probe it at once rather than at their interval."""
+        self.failures_total = 0
+        """Every failure ever counted against the pool; a success resets the streak, never this."""
         self._fails = 0
         self._cooled_until = 0.0
         self._last_error = ""
@@ -90,6 +92,7 @@ class PoolHealth:
     def failed(self, error: BaseException | str) -> None:
         with self._lock:
             self._fails += 1
+            self.failures_total += 1
             self._last_error = str(error)[:200]
             self._probe_vouches = self._probe_vouches or isinstance(error, PoolUnavailableError)
             if self._fails >= self.allowed_fails:

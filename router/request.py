@@ -132,9 +132,10 @@ def parse_openai_args(
     tags = metadata.get("tags") or []
     if not isinstance(tags, list | tuple) or not all(isinstance(t, str) for t in tags):
         raise InvalidRequestError("metadata.tags must be a list of strings", param="metadata.tags")
+    for name, value in (("metadata.tenant", metadata.get("tenant")), ("user", args.get("user"))):
+        if value is not None and not isinstance(value, str):
+            raise InvalidRequestError(f"{name} (the tenant) must be a string", param=name)
     tenant = metadata.get("tenant") or args.get("user")
-    if tenant is not None and not isinstance(tenant, str):
-        raise InvalidRequestError("the tenant (metadata.tenant or user) must be a string", param="metadata.tenant")
     body = {k: v for k, v in args.items() if v is not None and k != "stream"}
     if request.messages is not None:
         body["messages"] = [m.model_dump(exclude_none=True) for m in request.messages]
