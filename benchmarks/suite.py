@@ -77,8 +77,7 @@ def run(args: argparse.Namespace) -> int:
     runs = json.loads(record_file.read_text()) if record_file.is_file() else {}
     failed = []
     if not args.report_only:
-        runs["machine"] = report.machine()
-        weights = report.weights_id()
+        machine, weights = report.machine(), report.weights_id()
         for step in (s for s in SUITE if s.name in chosen):
             print(f"== bench {step.name}", flush=True)
             started = time.perf_counter()
@@ -89,6 +88,7 @@ def run(args: argparse.Namespace) -> int:
                 "exit_code": code,
                 "finished": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                 "weights": weights,
+                "machine": machine,
             }
             record_file.write_text(json.dumps(runs, indent=2) + "\n")
             if code != 0:
