@@ -93,7 +93,11 @@ class SlotLayer(DynamicLayer):
         if self._room is not None and self._room[0].shape[0] >= rows and self._room[0].shape[2] >= slots:
             return
         have_rows, have_slots = (self._room[0].shape[0], self._room[0].shape[2]) if self._room else (0, 0)
-        shape = (max(rows, 2 * have_rows, 1), like.shape[1], max(slots, 2 * have_slots, 64), like.shape[3])
+        # Only the short dimension doubles: doubling both at every growth made the room 4x at each newcomer or
+        # long prompt, tens of GB for 64 rows of a 30-layer model.
+        rows = have_rows if have_rows >= rows else max(rows, 2 * have_rows, 1)
+        slots = have_slots if have_slots >= slots else max(slots, 2 * have_slots, 64)
+        shape = (rows, like.shape[1], slots, like.shape[3])
         grown = (like.new_zeros(shape), like.new_zeros(shape))
         if self._room is not None:
             for old, room in zip(self._room, grown):

@@ -40,7 +40,7 @@ class Step:
 
 
 SUITE: tuple[Step, ...] = (
-    Step("quality", ("--json", "{results}/quality.json")),
+    Step("quality", ("--per-kind", "3", "--json", "{results}/quality.json")),
     Step(
         "decode",
         (
@@ -48,15 +48,20 @@ SUITE: tuple[Step, ...] = (
             *("--json", "{results}/decode.json", "--plots", "{results}/decode"),
         ),
     ),
-    Step("structured", ("--max-tokens", "160", "--json", "{results}/structured.json")),
+    Step("structured", ("--limit", "24", "--max-tokens", "160", "--json", "{results}/structured.json")),
     Step("route", ("--json", "{results}/route.json", "--plot", "{results}/route.png")),
     Step(
         "batching",
-        ("--prompts", PROMPTS, "--json", "{results}/batching.json", "--plot", "{results}/batching.png"),
+        (
+            *("--prompts", PROMPTS, "--per-set", "3", "--window", "10", "--concurrency", "1,4,16"),
+            *("--json", "{results}/batching.json", "--plot", "{results}/batching.png"),
+        ),
     ),
     Step("workload", ("--json", "{results}/workload.json", "--plots", "{results}/workload")),
-    Step("pools", ("--json", "{results}/pools.json", "--plot", "{results}/pools.png")),
-    Step("gateway", ("--json", "{results}/gateway.json")),
+    Step(
+        "pools", ("--requests", "8", "--rounds", "2", "--json", "{results}/pools.json", "--plot", "{results}/pools.png")
+    ),
+    Step("gateway", ("--requests", "60", "--json", "{results}/gateway.json")),
 )
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from backends import AutoregressiveBackend, GenerationRequest, engine
+from backends.batch_kv import SlotLayer
 from backends.dspark import published_decode
 from backends.dspark.backend import DSparkBackend
 from backends.dspark.scheduler import SpsCurve, VerifySchedule, choose_lengths, draft_budget
@@ -311,3 +312,17 @@ def test_a_dspark_backend_loads_on_a_thread_that_ends_whoever_calls(monkeypatch,
     backend = DSparkBackend.from_pretrained(tiny_model_paths["llama"], device="cpu", drafter_path=tmp_path)
     assert backend.drafter is not None and len(workers) == 1
     assert workers[0] is not threading.current_thread() and not workers[0].is_alive()
+
+
+def test_the_batch_cache_grows_only_the_dimension_that_is_short():
+    """A newcomer needs a row, a long prompt needs slots: growing both at each (as before) made the room 4x per
+    growth, and 64 concurrent requests on the default model were killed for memory past 23 GB."""
+    layer = SlotLayer()
+    for length in [10] * 17:
+        layer.add_row(torch.ones(1, 3, length, 8), torch.ones(1, 3, length, 8))
+    keys, _ = layer._room
+    assert (keys.shape[0], keys.shape[2]) == (32, 64)  # rows doubled past 16; slots as first reserved
+    layer.add_row(torch.ones(1, 3, 300, 8), torch.ones(1, 3, 300, 8))
+    keys, _ = layer._room
+    assert (keys.shape[0], keys.shape[2]) == (32, 300)  # slots grew to fit, rows untouched
+    assert layer.keys.shape == (18, 3, 300, 8) and float(layer.keys[:17, :, 10:].abs().sum()) == 0.0
