@@ -44,7 +44,8 @@ class PoolHealth:
         self.check_interval_s = config.health.check_interval_s
         self.probe = probe
         self.cooled = threading.Event()
-        """Set when the pool cools down, so the health checks probe it at once rather than at their interval."""
+        """Set when the pool cools down, so the health checks probe it at once rather than at their interval; the
+        checks give all their pools one event, which they sleep on."""
         self.failures_total = 0
         """Every failure ever counted against the pool; a success resets the streak, never this."""
         self._fails = 0
@@ -123,18 +124,21 @@ class HealthChecks:
     def __init__(self, health: dict[str, PoolHealth]) -> None:
         self.checked = [h for h in health.values() if h.probe is not None]
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        for checked in self.checked:
+            checked.cooled = self._wake
         self._thread = threading.Thread(target=self._run, name="health-checks", daemon=True)
         if self.checked:
             self._thread.start()
 
     def _run(self) -> None:
-        due = dict.fromkeys(range(len(self.checked)), 0.0)
-        retry = dict.fromkeys(range(len(self.checked)), FIRST_RETRY_S)
+        due = [0.0] * len(self.checked)
+        retry = [FIRST_RETRY_S] * len(self.checked)
         while not self._stop.is_set():
+            self._wake.clear()  # before reading the pools: a cooldown from here on wakes the next wait
             for i, health in enumerate(self.checked):
-                if health.cooled.is_set():  # just cooled down: probe it now
-                    health.cooled.clear()
-                    due[i] = min(due[i], time.monotonic() + FIRST_RETRY_S)
+                if health.unhealthy:  # cooled down since it was last checked: probe soon, not at the interval
+                    due[i] = min(due[i], time.monotonic() + retry[i])
                 if time.monotonic() < due[i]:
                     continue
                 health.check()
@@ -142,10 +146,11 @@ class HealthChecks:
                     due[i], retry[i] = time.monotonic() + retry[i], min(2 * retry[i], MAX_RETRY_S)
                 else:
                     due[i], retry[i] = time.monotonic() + health.check_interval_s, FIRST_RETRY_S
-            self._stop.wait(max(0.0, min(min(due.values()) - time.monotonic(), FIRST_RETRY_S)))
+            self._wake.wait(max(0.0, min(due) - time.monotonic()))
 
     def close(self) -> None:
         self._stop.set()
+        self._wake.set()
 
 
 def probe_for(config: PoolConfig, pool: Pool) -> Probe | None:
