@@ -24,6 +24,7 @@ from pydantic import (
 from backends.errors import InvalidRequestError
 
 MAX_TOKENS_LIMIT = 32_768
+TOOL_CHOICE_FORMS = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
 MAX_STOP_STRINGS = 4
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 """What a torch generator takes; a seed outside it is the request's fault, refused before it reaches a pool."""
@@ -157,10 +158,7 @@ class GenerationRequest(BaseModel):
     def _tool_choice_shape(cls, value: Any) -> Any:
         """Checked before the union, so a wrong type names ``tool_choice`` rather than one of its branches."""
         if value is not None and not isinstance(value, (str, dict)):
-            raise ValueError(
-                f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": {{"name": ...}}}}'
-                f"; got {value!r}"
-            )
+            raise ValueError(f"tool_choice must be {TOOL_CHOICE_FORMS}; got {value!r}")
         return value
 
     @field_validator("stop", mode="before")

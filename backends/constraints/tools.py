@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from backends.errors import UnsupportedFormatError
+from backends.types import TOOL_CHOICE_FORMS
 
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -156,8 +157,7 @@ def _named_choice(tool_choice: str | dict[str, Any]) -> str:
         and isinstance(function.get("name"), str)
     ):
         raise UnsupportedFormatError(
-            'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}; '
-            f"got {tool_choice!r}",
+            f"tool_choice must be {TOOL_CHOICE_FORMS}; got {tool_choice!r}",
             param="tool_choice",
         )
     return function["name"]
