@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import asdict
 from pathlib import Path
 
@@ -50,3 +51,18 @@ def plot_curve(curve: list[dict[str, float]], path: Path, title: str) -> None:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
+
+
+def split_sequences(sequences: int, seed: int, holdout: float) -> tuple[list[int], list[int]]:
+    """(held out, training) sequence indices, shuffled by ``seed``; at least two held out."""
+    order = list(range(sequences))
+    random.Random(seed).shuffle(order)
+    held = max(2, int(len(order) * holdout))
+    return order[:held], order[held:]
+
+
+def write_report(output: Path, report_file: str, report: object, curve_plot: str, title: str) -> None:
+    """A stage's report (a dataclass) as JSON and, once it has two points, its learning curve as a picture."""
+    (output / report_file).write_text(json.dumps(asdict(report), indent=2) + "\n")
+    if len(report.curve) > 1:
+        plot_curve(report.curve, output / curve_plot, title)

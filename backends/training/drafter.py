@@ -19,11 +19,10 @@ runs show progress, checkpoint every few hundred steps and resume from the last 
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -35,9 +34,10 @@ from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
     has_checkpoint,
-    plot_curve,
     resume_trainer_state,
     save_trainer_state,
+    split_sequences,
+    write_report,
 )
 from backends.training.features import FeatureCache
 
@@ -353,10 +353,7 @@ def run(
     """Drafter, loop, calibration, and the drafter folder (its own weights, bfloat16) with its report and curve."""
     torch.manual_seed(config.seed)
     loaded.model.requires_grad_(False)
-    order = list(range(cache.sequences))
-    random.Random(config.seed).shuffle(order)
-    held = max(2, int(len(order) * config.holdout))
-    held_out, training = order[:held], order[held:]
+    held_out, training = split_sequences(cache.sequences, config.seed, config.holdout)
     mask_token = loaded.tokenizer.pad_token_id
     if mask_token is None:
         mask_token = next(iter(loaded.eos_ids))
@@ -395,7 +392,5 @@ def run(
         temperatures=temperatures,
         curve=curve,
     )
-    (config.output / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
-    if len(curve) > 1:
-        plot_curve(curve, config.output / CURVE_PLOT, "published drafter")
+    write_report(config.output, REPORT_FILE, report, CURVE_PLOT, "published drafter")
     return report

@@ -11,10 +11,8 @@ vocabulary holds.
 
 from __future__ import annotations
 
-import json
-import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,9 +25,10 @@ from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
     has_checkpoint,
-    plot_curve,
     resume_trainer_state,
     save_trainer_state,
+    split_sequences,
+    write_report,
 )
 from backends.training.drafter import lr_at, to_draft_index
 from backends.training.features import FeatureCache
@@ -96,11 +95,9 @@ def run(
     """Heads, loop, held-out accuracy, and the heads' files (bfloat16) with their report and curve."""
     torch.manual_seed(config.seed)
     loaded.model.requires_grad_(False)
-    order = list(range(cache.sequences))
-    random.Random(config.seed).shuffle(order)
-    held = max(2, int(len(order) * config.holdout))
     reach = config.num_heads + 2
-    held_out, training = answer_positions(cache, order[:held], reach), answer_positions(cache, order[held:], reach)
+    held_rows, training_rows = split_sequences(cache.sequences, config.seed, config.holdout)
+    held_out, training = answer_positions(cache, held_rows, reach), answer_positions(cache, training_rows, reach)
     heads = DSparkModel.with_new_heads(loaded, config.num_heads, draft_vocab).heads.float()
     heads.bind_vocab(loaded.model.get_output_embeddings())
     heads.train()
@@ -148,9 +145,7 @@ def run(
         accuracy_by_head=accuracy,
         curve=curve,
     )
-    (config.output / REPORT_FILE).write_text(json.dumps(asdict(report), indent=2) + "\n")
-    if len(curve) > 1:
-        plot_curve(curve, config.output / CURVE_PLOT, "span heads")
+    write_report(config.output, REPORT_FILE, report, CURVE_PLOT, "span heads")
     return report
 
 
