@@ -35,18 +35,25 @@ class Person(BaseModel):
     age: Annotated[int, Field(ge=0, le=120)]
 
 
+def forecaster(base_url: str, get_weather, instructions: str, tool_choice: str | None, max_tokens: int):
+    """An Agents SDK agent with one weather tool, greedy, through the gateway at ``base_url``."""
+    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
+    return Agent(
+        name="forecaster",
+        instructions=instructions,
+        tools=[get_weather],
+        model=OpenAIChatCompletionsModel(model="dspark-router/auto", openai_client=client),
+        model_settings=ModelSettings(tool_choice=tool_choice, temperature=0, max_tokens=max_tokens),
+    )
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_an_openai_agent_calls_its_tool_and_answers(base_url, decision_log, streamed):
-    from agents import (
-        Agent,
-        ModelSettings,
-        OpenAIChatCompletionsModel,
-        Runner,
-        function_tool,
-        set_tracing_disabled,
-    )
+    from agents import Runner, function_tool, set_tracing_disabled
     from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
-    from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
     cities: list[str] = []
@@ -57,16 +64,9 @@ async def test_an_openai_agent_calls_its_tool_and_answers(base_url, decision_log
         cities.append(city)
         return f"sunny in {city}"
 
-    client = AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0)
-    agent = Agent(
-        name="forecaster",
-        instructions="Look the weather up, then answer.",
-        tools=[get_weather],
-        model=OpenAIChatCompletionsModel(model="dspark-router/auto", openai_client=client),
-        # A call is required on the first turn only: the SDK resets tool_choice once a tool has run, so the
-        # second turn may answer in text, which ends the run.
-        model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=48),
-    )
+    # A call is required on the first turn only: the SDK resets tool_choice once a tool has run, so the second
+    # turn may answer in text, which ends the run.
+    agent = forecaster(base_url, get_weather, "Look the weather up, then answer.", "required", max_tokens=48)
     if streamed:
         run = Runner.run_streamed(agent, "Weather in Porto?", max_turns=3)
         async for _ in run.stream_events():
@@ -94,9 +94,8 @@ def default_url() -> Iterator[str]:
 async def test_an_openai_agent_runs_to_its_answer_on_the_default_model(default_url, tool_choice):
     """The run of the issue that looped to MaxTurnsExceeded: calls came back with the id of an earlier call, which
     the SDK takes for one already run, and a second turn holding the call crashed the model's chat template."""
-    from agents import Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool, set_tracing_disabled
+    from agents import Runner, function_tool, set_tracing_disabled
     from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
-    from openai import AsyncOpenAI
 
     set_tracing_disabled(True)
     cities: list[str] = []
@@ -107,14 +106,8 @@ async def test_an_openai_agent_runs_to_its_answer_on_the_default_model(default_u
         cities.append(city)
         return f"It is sunny and 21 C in {city}."
 
-    client = AsyncOpenAI(base_url=default_url, api_key="unused", max_retries=0)
-    agent = Agent(
-        name="forecaster",
-        instructions="Use the tool to look the weather up, then answer in one sentence.",
-        tools=[get_weather],
-        model=OpenAIChatCompletionsModel(model="dspark-router/auto", openai_client=client),
-        model_settings=ModelSettings(tool_choice=tool_choice, temperature=0, max_tokens=64),
-    )
+    instructions = "Use the tool to look the weather up, then answer in one sentence."
+    agent = forecaster(default_url, get_weather, instructions, tool_choice, max_tokens=64)
     run = await Runner.run(agent, "What is the weather in Porto?", max_turns=4)
     assert isinstance(run.final_output, str) and run.final_output
     kinds = [type(item) for item in run.new_items]

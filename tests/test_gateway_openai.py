@@ -26,6 +26,13 @@ from tests.test_gateway_support import (  # noqa: F401
 from tests.test_router_support import MESSAGES
 
 GREEDY = {"messages": MESSAGES, "max_tokens": 6, "temperature": 0}
+WEATHER_CALL = {
+    "model": "dspark-router/auto",
+    "messages": [{"role": "user", "content": "Weather in Porto?"}],
+    "tools": [WEATHER],
+    "tool_choice": "required",
+    "temperature": 0,
+}
 PERSON = {
     "type": "object",
     "properties": {
@@ -106,14 +113,7 @@ def test_a_tool_call_comes_back_as_tool_calls(client, tool_choice):
 
 
 def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client):
-    args = {
-        "model": "dspark-router/auto",
-        "messages": [{"role": "user", "content": "Weather in Porto?"}],
-        "tools": [WEATHER],
-        "tool_choice": "required",
-        "max_tokens": 96,
-        "temperature": 0,
-    }
+    args = {**WEATHER_CALL, "max_tokens": 96}
     whole = client.chat.completions.create(**args).choices[0].message.tool_calls[0]
     chunks = list(client.chat.completions.create(**args, stream=True))
     assert not any(c.choices[0].delta.content for c in chunks if c.choices)
@@ -126,14 +126,7 @@ def test_a_streamed_tool_call_arrives_as_tool_call_deltas(client):
 
 def test_a_tool_call_cut_by_max_tokens_is_still_a_call(client):
     """As OpenAI answers it: the call with the arguments written so far, no content, finish_reason length."""
-    args = {
-        "model": "dspark-router/auto",
-        "messages": [{"role": "user", "content": "Weather in Porto?"}],
-        "tools": [WEATHER],
-        "tool_choice": "required",
-        "max_tokens": 8,
-        "temperature": 0,
-    }
+    args = {**WEATHER_CALL, "max_tokens": 8}
     whole = client.chat.completions.create(**args).choices[0]
     assert whole.finish_reason == "length" and whole.message.content is None
     (call,) = whole.message.tool_calls
