@@ -48,11 +48,12 @@ $(MODEL)/converted_from.json: | $(STAMP)
 
 model-target: $(MODEL)/converted_from.json
 
-# Both drafters, trained here on the frozen target (about 2 hours on 2 cores with AMX; every stage resumes where
+# Both drafters, trained here on the frozen target (about 3 hours on 2 cores with AMX; every stage resumes where
 # it stopped): the target's own greedy answers to the prompt mix and their cached features (train data, 27 min),
 # then the span heads and the published drafter side by side (make -j2 model, one core each), then the span
-# thresholds tuned by measured speed, the target's cost profile, and the classifier's measurements and
-# calibration on a share of its corpus.
+# thresholds tuned by measured speed, the target's cost profile, the classifier's measurements of its whole
+# corpus (55 min; rerun by hand with --resume, it picks up where a stopped run left off) and calibration, and a
+# seeded 48 of them measured again (4.5 min), which is how bench route knows how repeatable one measurement is.
 DRAFTER_THREADS ?= 1
 VOCAB := 16384
 $(RUN)/features.safetensors: $(MODEL)/converted_from.json
@@ -69,7 +70,9 @@ model-drafter: $(RUN)/features.safetensors
 model: model-heads model-drafter
 	$(BIN)/dspark-router tune --model $(MODEL) --prompts 12 --write
 	$(BIN)/python -m backends.dspark.profile $(MODEL)
-	$(BIN)/dspark-router calibrate --model $(MODEL) --limit 100 --max-tokens 64 --repeats 1 --samples 2
+	$(BIN)/dspark-router calibrate --model $(MODEL) --max-tokens 64 --repeats 1 --samples 2
+	$(BIN)/dspark-router calibrate --model $(MODEL) --max-tokens 64 --repeats 1 --samples 2 --sample 48 \
+		--measurements classifiers/data/retest.jsonl --measure-only
 	rm -rf $(DRAFTERS)/checkpoint $(DRAFTERS)/dspark_drafter/checkpoint
 
 clean:

@@ -184,21 +184,50 @@ def route(data: dict, results: Path, base: Path) -> str:
         [
             "test split",
             data["auroc"],
+            data.get("auroc_faster"),
             data["oracle_gain_ratio"],
             data["all_dspark_gain_ratio"],
             data["p50_us"],
             data["p99_us"],
         ],
-        [f"{cv['folds']} folds by template", cv["auroc_mean"], cv["oracle_gain_ratio_mean"], None, None, None],
-    ]
-    return "\n\n".join(
         [
-            f"{data['subtasks']} held-out subtasks; label: measured speedup >= {data['margin']}; routed at the "
-            f"calibrated threshold {data['threshold']:.2f}.",
-            table(["", "AUROC", "oracle gain", "all-DSpark gain", "scoring p50 µs", "p99 µs"], rows),
-            _image(results, "route.png", base, "ROC and score against measured speedup"),
+            f"{cv['folds']} folds by template",
+            cv["auroc_mean"],
+            cv.get("auroc_faster_mean"),
+            cv["oracle_gain_ratio_mean"],
+            cv["all_dspark_gain_ratio_mean"],
+            None,
+            None,
+        ],
+    ]
+    parts = [
+        f"{data['subtasks']} held-out subtasks; label: measured speedup >= {data['margin']} (AUROC faster: > 1); "
+        f"routed at the calibrated threshold {data['threshold']:.2f}.",
+        table(["", "AUROC", "AUROC faster", "oracle gain", "all-DSpark gain", "scoring p50 µs", "p99 µs"], rows),
+    ]
+    if "by_kind" in cv:
+        columns = ("subtasks", "sent_to_dspark", "dspark_faster", "median_speedup", "median_predicted")
+        columns += ("oracle_saved_s", "saved_s", "missed_s", "lost_s")
+        kinds = [[kind, *(r[column] for column in columns)] for kind, r in cv["by_kind"].items()]
+        headers = ["kind", "n", "to DSpark", "DSpark faster", "median x", "predicted x"]
+        headers += ["oracle saves s", "saved s", "missed s", "lost s"]
+        parts += [
+            f"Where routing gains and loses over the {cv['folds']} template folds (each subtask scored by a "
+            "classifier that never saw its template); the expected-gain model's log correlation with the "
+            f"measured speedups out of fold: {cv['gain_log_correlation']:.2f}.",
+            table(headers, kinds),
         ]
-    )
+    if ceiling := data.get("noise_ceiling"):
+        parts.append(
+            f"Noise ceiling: {ceiling['pairs']} of the subtasks measured a second time (`calibrate --sample`): their "
+            f"log speedups correlate {ceiling['log_correlation']:.2f} between the two runs (greedy "
+            f"{ceiling['greedy_log_correlation']:.2f}, sampled {ceiling['sampled_log_correlation']:.2f}), the label "
+            f"'DSpark faster' agrees {ceiling['faster_label_agreement']:.0%} of the time, and routing each by its own "
+            f"first measurement saves {ceiling['remembered_oracle_gain_ratio']:.2f} of the second run's oracle "
+            f"(all-DSpark {ceiling['all_dspark_gain_ratio']:.2f}): no router that learns from one measurement per "
+            "subtask can be scored much above that."
+        )
+    return "\n\n".join([*parts, _image(results, "route.png", base, "ROC and score against measured speedup")])
 
 
 def workload(data: dict, results: Path, base: Path) -> str:
@@ -232,15 +261,54 @@ def workload(data: dict, results: Path, base: Path) -> str:
             "dspark_share",
         )
     ]
-    return "\n\n".join(
-        [
-            f"{w['requests']} requests ({w['subtasks']} held-out subtasks, {w['prompts']} shared prompts), "
-            f"Poisson arrivals at multiples {', '.join(f'{m:g}' for m in data['rate_multiples'])} of one worker's "
-            f"capacity ({data['single_worker_requests_per_s']:.2f} req/s); rate in requests per second.",
-            table(headers, rows),
-            *[i for i in images if i],
-        ]
+    parts = [
+        f"{w['requests']} requests ({w['subtasks']} held-out subtasks, {w['prompts']} shared prompts), "
+        f"Poisson arrivals at multiples {', '.join(f'{m:g}' for m in data['rate_multiples'])} of one worker's "
+        f"capacity ({data['single_worker_requests_per_s']:.2f} req/s); rate in requests per second. "
+        + _capacity(data.get("capacity")),
+        table(headers, rows),
+        _comparison(data["comparison"]),
+        _solo_routing(data.get("solo_routing")),
+        *images,
+    ]
+    return "\n\n".join(part for part in parts if part)
+
+
+def _capacity(capacities: dict | None) -> str:
+    if not capacities:
+        return ""
+    shapes = {(c["workers"], c["slots"]) for c in capacities.values()}
+    if len(shapes) > 1:
+        return "Capacity differs between policies: " + ", ".join(
+            f"{policy} {c['workers']} workers, {c['slots']} slots" for policy, c in capacities.items()
+        )
+    workers, slots = shapes.pop()
+    return (
+        f"Every policy has the same capacity: {workers} in-process workers of one torch thread each, {slots} batch "
+        "slots in all (the routed policies one DSpark and one standard worker, the single-pool ones both of one "
+        "kind)."
     )
+
+
+def _solo_routing(solo: dict | None) -> str:
+    """Each request alone: what routing by the expected-gain model costs against an oracle, per source."""
+    if not solo:
+        return ""
+    columns = ("requests", "standard_s", "dspark_s", "routed_s", "oracle_s", "routed_over_oracle")
+    rows = [[source, *(row[column] for column in columns)] for source, row in solo.items()]
+    return "Each request alone, summed (routed: to DSpark where the expected-gain model predicts a gain):\n\n" + table(
+        ["source", "requests", "standard s", "DSpark s", "routed s", "oracle s", "routed / oracle"], rows
+    )
+
+
+def _comparison(comparison: dict) -> str:
+    savings = ("saving_s", "oracle_saving_s", "oracle_saving_ratio")
+    rows = [
+        [rate, e["better_single_pool"], "yes" if e["beats_single_pools"] else "no", *(e.get(k) for k in savings)]
+        for rate, e in comparison["by_rate"].items()
+    ]
+    headers = ["rate", "better single pool", "time_saved beats both", "its saving s", "oracle's s", "share"]
+    return table(headers, rows)
 
 
 def pools(data: dict, results: Path, base: Path) -> str:

@@ -43,10 +43,11 @@ from backends.types import GenerationRequest
 from benchmarks import workload_plots
 from benchmarks.output import write_json, write_plots
 from benchmarks.workload_mix import SUBTASK_SHARE, WorkItem, arrivals, build_workload
-from benchmarks.workload_policies import POLICIES, OracleScorer, build_router
+from benchmarks.workload_policies import POLICIES, OracleScorer, build_router, capacity, policy_config
 from benchmarks.workload_stats import Outcome, compare, summarise
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS
 from router import Router
+from router.expected_time import scaled_speedup
 
 if TYPE_CHECKING:
     from backends.local import LocalBackend
@@ -55,9 +56,10 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
-RATES = (0.25, 0.5, 1.0, 1.5, 2.0, 3.0)
-QUICK = {"items": 33, "requests": 15, "rounds": 2, "rates": (0.5, 1.5, 3.0), "max_tokens": 48}
-FULL = {"items": 99, "requests": 30, "rounds": 3, "rates": RATES, "max_tokens": 64}
+# Sized for a 135M target on 2 cores (a request takes 2-3 s alone): about 15 minutes in all, 3 of them measuring
+# every request solo. Half-loaded, saturated and overloaded: 1x one worker's capacity is half of two workers'.
+QUICK = {"items": 18, "requests": 8, "rounds": 1, "rates": (1.0, 4.0), "max_tokens": 32}
+FULL = {"items": 36, "requests": 12, "rounds": 1, "rates": (1.0, 2.0, 4.0), "max_tokens": 48}
 PROFILE_REPEATS = 9
 WARMUP = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0.0}
 
@@ -125,7 +127,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=16, help="requests a worker decodes at once")
     p.add_argument("--threshold", type=float, help="the classifier policy's threshold (default: its calibrated one)")
     p.add_argument("--seed", type=int, default=0, help="arrivals and the random policy")
-    p.add_argument("--quick", action="store_true", help="fewer requests and rates (under three minutes)")
+    p.add_argument("--quick", action="store_true", help="fewer requests and rates (about a third of the time)")
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--plots", type=Path, help="folder for the PNG plots")
 
@@ -173,32 +175,39 @@ def gain_classifier(settings: Settings) -> tuple[DeterminismClassifier, list[str
 
 
 def measure_solo(
-    items: list[WorkItem], classifier: DeterminismClassifier, pools: dict[str, LocalBackend]
+    items: list[WorkItem], classifier: DeterminismClassifier, pools: dict[str, LocalBackend], curve: SpsCurve
 ) -> tuple[list[Solo], list[str]]:
-    """Every request once per pool, interleaved; those that do not fit the model's context are left out."""
-    from classifiers.calibrate import fastest_runs, speedup_of
+    """Every request once per pool, in blocks as calibration measures (``classifiers.calibrate.block_runs``);
+    those that do not fit the model's context are left out. The predicted speedup is the expected-gain model's
+    carried over from its calibration machine to this one's ``curve``, as the ``time_saved`` policy carries it."""
+    from classifiers.calibrate import BLOCK, block_runs, speedup_of
 
+    calibrated = classifier.calibration_curve
+    carried = 1.0 if calibrated is None else scaled_speedup(1.0, calibrated.monotone(), curve)
     measured, skipped = [], []
+    names = list(pools)
     with JobProgress(log_every=10) as progress:
         job = progress.add_job("measure solo", total=len(items))
-        for index, item in enumerate(items):
-            try:
-                runs = fastest_runs(pools, GenerationRequest(**item.request), 1, dspark_first=index % 2 == 0)
-            except InvalidRequestError:
-                skipped.append(item.name)
-                progress.step(job, status=f"skipped {item.name}")
-                continue
-            standard = runs["standard"][0]
-            measured.append(
-                Solo(
-                    item=item,
-                    speedup=speedup_of(runs),
-                    predicted=classifier.expected_speedup(item.request),
-                    standard_s=standard.stats.wall_time_s,
-                    reference=standard.token_ids if item.greedy else None,
+        for start in range(0, len(items), BLOCK):
+            block = items[start : start + BLOCK]
+            requests = [GenerationRequest(**item.request) for item in block]
+            taken = block_runs(pools, requests, 1, 1, first=names[(start // BLOCK) % len(names)])
+            for item, runs in zip(block, taken, strict=True):
+                if isinstance(runs, InvalidRequestError):
+                    skipped.append(item.name)
+                    progress.step(job, status=f"skipped {item.name}")
+                    continue
+                standard = runs["standard"][0]
+                measured.append(
+                    Solo(
+                        item=item,
+                        speedup=speedup_of(runs),
+                        predicted=classifier.expected_speedup(item.request) * carried,
+                        standard_s=standard.stats.wall_time_s,
+                        reference=standard.token_ids if item.greedy else None,
+                    )
                 )
-            )
-            progress.step(job, status=f"{item.name}: {measured[-1].speedup:.2f}x")
+                progress.step(job, status=f"{item.name}: {measured[-1].speedup:.2f}x")
     notes = [f"left out (prompt plus max_tokens beyond the context): {', '.join(skipped)}"] if skipped else []
     return measured, notes
 
@@ -319,14 +328,14 @@ def run_benchmark(settings: Settings) -> dict:
         prompts = None
     items = build_workload(settings.items, prompts, settings.max_tokens)
     pools = load_pools(str(settings.model))
-    solo, skipped = measure_solo(items, classifier, pools)
-    notes += skipped
-    if not solo:
-        raise InvalidRequestError("no workload request fits the model's context", param="max_tokens")
-    capacity = len(solo) / sum(s.standard_s for s in solo)
-    rates = [float(f"{multiple * capacity:.3g}") for multiple in settings.rates]
     with tempfile.TemporaryDirectory() as scratch:
         profile, curve = write_profile(pools, settings.max_batch * 8, Path(scratch))
+        solo, skipped = measure_solo(items, classifier, pools, curve)
+        notes += skipped
+        if not solo:
+            raise InvalidRequestError("no workload request fits the model's context", param="max_tokens")
+        capacity = len(solo) / sum(s.standard_s for s in solo)
+        rates = [float(f"{multiple * capacity:.3g}") for multiple in settings.rates]
         results, shares = run_policies(settings, solo, rates, profile, classifier)
     threshold = classifier.threshold if settings.threshold is None else settings.threshold
     return report(settings, RunData(solo, capacity, rates, results, shares, curve, threshold, notes))
@@ -381,6 +390,28 @@ def _by_group(solo: list[Solo]) -> dict[str, dict]:
     }
 
 
+def solo_routing(solo: list[Solo]) -> dict[str, dict]:
+    """Per source (held-out subtasks, real prompts): the requests' solo time on the standard pool, on DSpark, as
+    routed by the expected-gain model on idle pools (DSpark where it predicts a gain), and as an oracle routes
+    them; ``routed_over_oracle`` is the issue's "within 10% of the oracle's" measure."""
+    table = {}
+    for source in sorted({s.item.source for s in solo}):
+        members = [s for s in solo if s.item.source == source]
+        standard = sum(s.standard_s for s in members)
+        dspark = sum(s.standard_s / s.speedup for s in members)
+        routed = sum(s.standard_s / s.speedup if s.predicted > 1.0 else s.standard_s for s in members)
+        oracle = sum(min(s.standard_s, s.standard_s / s.speedup) for s in members)
+        table[source] = {
+            "requests": len(members),
+            "standard_s": standard,
+            "dspark_s": dspark,
+            "routed_s": routed,
+            "oracle_s": oracle,
+            "routed_over_oracle": routed / oracle,
+        }
+    return table
+
+
 def report(settings: Settings, data: RunData) -> dict:
     solo, results, shares = data.solo, data.results, data.shares
     keys = [f"{rate:g}" for rate in data.rates]
@@ -400,6 +431,10 @@ def report(settings: Settings, data: RunData) -> dict:
             "max_batch": settings.max_batch,
         },
         "single_worker_requests_per_s": data.capacity,
+        "capacity": {
+            policy: capacity(policy_config(policy, settings.model, settings.max_batch, None, settings.seed))
+            for policy in POLICIES
+        },
         "rate_multiples": list(settings.rates),
         "rates": keys,
         "policies": list(POLICIES),
@@ -408,6 +443,7 @@ def report(settings: Settings, data: RunData) -> dict:
         "results": results,
         "comparison": compare(results, keys),
         "speedup_by_group": _by_group(solo),
+        "solo_routing": solo_routing(solo),
         "prediction": {
             "log_correlation": float(np.corrcoef(measured, predicted)[0, 1]) if len(solo) > 2 else None,
             "median_measured": float(np.exp(np.median(measured))),
@@ -435,6 +471,14 @@ def report(settings: Settings, data: RunData) -> dict:
     }
 
 
+def _capacity_line(capacities: dict[str, dict]) -> str:
+    shapes = {(c["workers"], c["slots"]) for c in capacities.values()}
+    if len(shapes) == 1:
+        workers, slots = shapes.pop()
+        return f"every policy: {workers} workers, {slots} batch slots, one thread per worker"
+    return "UNEQUAL capacity: " + ", ".join(f"{p} {c['workers']}w/{c['slots']}s" for p, c in capacities.items())
+
+
 def _cell(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
@@ -450,6 +494,7 @@ def format_report(report: dict) -> str:
         f"rates x{', x'.join(f'{m:g}' for m in report['rate_multiples'])}",
         f"classifier policy at threshold {report['classifier_threshold']:.2f}; time_saved and oracle weigh "
         "load on this machine's profile",
+        _capacity_line(report["capacity"]),
         "",
         f"{'rate/s':>6} {'policy':<12} {'req/s':>6} {'tok/s':>6} {'mean s':>7} {'p50 s':>6} {'p95 s':>6} "
         f"{'p99 s':>6} {'TTFT s':>6}",
@@ -492,6 +537,11 @@ def format_report(report: dict) -> str:
         f"expected-gain model on these requests: log correlation {_cell(prediction['log_correlation'], '.2f')}, "
         f"median {prediction['median_predicted']:.2f}x predicted, {prediction['median_measured']:.2f}x measured"
     )
+    for source, row in report["solo_routing"].items():
+        lines.append(
+            f"solo, {source}s: routed {row['routed_s']:.1f} s, oracle {row['oracle_s']:.1f} s "
+            f"({row['routed_over_oracle']:.2f}x), standard {row['standard_s']:.1f} s, DSpark {row['dspark_s']:.1f} s"
+        )
     lines += [f"note: {note}" for note in report["notes"]]
     return "\n".join(_wrapped(line) for line in lines)
 

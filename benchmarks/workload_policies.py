@@ -9,6 +9,11 @@ capacity: two workers, either one DSpark and one standard (the routed policies) 
 * ``oracle``: the same load-aware estimator fed each request's measured solo speedup instead of a prediction.
 
 The classifier, time-saved and oracle policies run without rules, so each shows its own decisions.
+
+Equal capacity, which :func:`capacity` states per policy and the report prints: two in-process workers of
+``max_batch`` slots each, the same model and cost profile, and one torch thread per worker (``bench workload``
+sets it), so every policy has the same two cores, weights and batch room, and differs only in which decode loop
+each worker runs and which requests it gets.
 """
 
 from __future__ import annotations
@@ -75,6 +80,16 @@ def policy_config(name: str, model: Path, max_batch: int, profile: Path | None, 
         policy["classifier"] = "default"  # replaced by the scorer the router is given
         policy["objective"] = "threshold" if name == "classifier" else "time_saved"
     return {"pools": pools, "policy": policy}
+
+
+def capacity(config: dict[str, Any]) -> dict[str, Any]:
+    """What a policy's pools can serve at once: workers, batch slots in all, and the models they load."""
+    pools = config["pools"].values()
+    return {
+        "workers": sum(pool["workers"] for pool in pools),
+        "slots": sum(pool["workers"] * pool["max_batch"] for pool in pools),
+        "models": sorted({pool["model"] for pool in pools}),
+    }
 
 
 def build_router(

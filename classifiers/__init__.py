@@ -11,6 +11,8 @@ if TYPE_CHECKING:
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_CLASSIFIER = DATA_DIR / "default.skops"
 DEFAULT_MEASUREMENTS = DATA_DIR / "measurements.jsonl"
+DEFAULT_RETEST = DATA_DIR / "retest.jsonl"
+"""A seeded sample of the corpus measured a second time (``calibrate --sample``): how repeatable a label is."""
 # The speedup that makes DSpark worth it: below it, a small gain does not pay for a wrong guess.
 DEFAULT_MARGIN = 1.15
 # The score to route at when a classifier carries no calibrated threshold (classifiers/gain.py chooses one).
@@ -34,7 +36,9 @@ class SpeedupScorer(Protocol):
     a request (standard time over DSpark time, 1.0 for no gain), which the policy weighs against each pool's load.
 
     ``predicts_speedup`` says whether this scorer has a model for it: a classifier file written before the
-    expected-gain model existed scores, but cannot predict speedups."""
+    expected-gain model existed scores, but cannot predict speedups. A scorer may also carry
+    ``calibration_curve`` (a :class:`~backends.dspark.scheduler.SpsCurve`, or None): the cost curve of the
+    machine its speedups were measured on, which the policy carries over to the machine it routes on."""
 
     predicts_speedup: bool
 

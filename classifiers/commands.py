@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -22,9 +23,17 @@ from rich.console import Console
 from backends.errors import InvalidRequestError
 from backends.subtasks import read_jsonl
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
-from classifiers.calibrate import DEFAULT_MAX_TOKENS, load_pools, measure_with_progress, summary_table
+from classifiers.calibrate import (
+    DEFAULT_MAX_TOKENS,
+    load_pools,
+    machine_profile,
+    measure_with_progress,
+    summary_table,
+)
 from classifiers.corpus import CORPUS_PATH, template_splits
 from classifiers.records import Measurement, read_measurements, write_measurements
+
+SAMPLE_SEED = 1
 
 
 def _add_score(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +88,12 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         help="retrain from measurement records: a JSONL file, or a Redis stream (redis://host:port/db#stream)",
     )
     p.add_argument("--stream", help="Redis stream name for --from-log, when the URL has no #fragment")
+    p.add_argument(
+        "--measured-with",
+        metavar="MODEL",
+        help="with --from-log: the log was measured on this machine with this model; store its cost curve with "
+        "the classifier, so routers on other machines can carry the speedups over",
+    )
     p.add_argument("--corpus", default=str(CORPUS_PATH), help="subtasks JSONL (default: the shipped corpus)")
     p.add_argument(
         "--measurements",
@@ -88,6 +103,11 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--out", default=str(DEFAULT_CLASSIFIER), help="where to save the classifier")
     p.add_argument("--limit", type=int, help="measure only the first N subtasks of the corpus")
+    p.add_argument(
+        "--sample",
+        type=int,
+        help="measure a seeded random N of the corpus instead (the retest that bench route's noise ceiling reads)",
+    )
     p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each subtask's max_tokens")
     p.add_argument("--repeats", type=int, default=2, help="runs per subtask, seed and pool; the fastest is kept")
     p.add_argument(
@@ -96,6 +116,11 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--margin", type=float, default=DEFAULT_MARGIN, help=f"label: speedup >= margin (default {DEFAULT_MARGIN})"
     )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the measurements already in the file and measure only the subtasks it does not hold",
+    )
     p.add_argument("--measure-only", action="store_true", help="write the measurements, do not train")
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
@@ -103,29 +128,46 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_calibrate)
 
 
-def _measure(args: argparse.Namespace, console: Console) -> list[Measurement]:
+def _measure(args: argparse.Namespace, console: Console) -> tuple[list[Measurement], dict]:
+    """The measurements, and the calibration profile of the machine they were taken on."""
     if not Path(args.corpus).is_file():
         raise InvalidRequestError(f"no corpus file at {args.corpus!r}", param="corpus")
-    if (args.limit is not None and args.limit < 1) or args.max_tokens < 1 or args.repeats < 1 or args.samples < 1:
-        raise InvalidRequestError("--limit, --max-tokens, --repeats and --samples must be >= 1", param="limit")
+    counts = (args.limit, args.sample, args.max_tokens, args.repeats, args.samples)
+    if any(count is not None and count < 1 for count in counts):
+        raise InvalidRequestError(
+            "--limit, --sample, --max-tokens, --repeats and --samples must be >= 1", param="limit"
+        )
     if args.threads:
         torch.set_num_threads(args.threads)
     subtasks = read_jsonl(args.corpus)
     splits = template_splits(subtasks)  # the whole corpus, so --limit keeps a full run's splits
+    if args.sample is not None:
+        subtasks = list(subtasks)
+        random.Random(SAMPLE_SEED).shuffle(subtasks)
+        subtasks = subtasks[: args.sample]
     chosen = [(subtask, splits[subtask.template]) for subtask in subtasks[: args.limit]]
+    records: list[Measurement] = []
+    if args.resume and Path(args.measurements).is_file():
+        records, _ = read_measurements(args.measurements)
+        done = {record.canonical_request() for record in records}
+        chosen = [
+            (s, split)
+            for s, split in chosen
+            if Measurement(request=s.to_request_dict()).canonical_request() not in done
+        ]
+        console.print(f"resuming: {len(records)} measured already, {len(chosen)} to measure")
     started = time.perf_counter()
     pools = load_pools(args.model, args.device, args.dtype)
-    records: list[Measurement] = []
 
     def measured() -> Iterator[Measurement]:
         for record in measure_with_progress(pools, chosen, args.max_tokens, args.repeats, args.samples, console):
             records.append(record)
             yield record
 
-    path = write_measurements(measured(), args.measurements)
+    path = write_measurements(measured(), args.measurements, append=args.resume)
     console.print(summary_table(records, args.margin, time.perf_counter() - started))
     console.print(f"measurements written to {path}")
-    return records
+    return records, machine_profile(args.model, args.device, args.dtype)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -141,11 +183,12 @@ def _calibrate(args: argparse.Namespace) -> int:
             console.print(f"[yellow]rejected {note}")
         unmeasured = sum(record.speedup is None for record in records)
         console.print(f"{len(records)} records read ({len(rejected)} rejected, {unmeasured} without a speedup)")
+        profile = machine_profile(args.measured_with, args.device, args.dtype) if args.measured_with else None
     else:
-        records = _measure(args, console)
+        records, profile = _measure(args, console)
     summary: dict = {"records": len(records), "measurements": None if args.from_log else args.measurements}
     if not args.measure_only:
-        classifier = train(records, args.margin)
+        classifier = train(records, args.margin, profile)
         summary |= {"classifier": str(classifier.save(args.out)), **classifier.info}
         console.print(f"classifier saved to {args.out}")
     summary["elapsed_s"] = round(time.perf_counter() - started, 2)

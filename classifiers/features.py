@@ -41,6 +41,20 @@ from backends.types import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE, DEFAULT_TOP_
 TEXT_HEAD_CHARS = 3000
 TEXT_TAIL_CHARS = 1000
 _CODE_WORDS = re.compile(r"\b(?:def|class|return|import|self|lambda|const|function|var)\b")
+# What the request says about its answer, in words any template may use. A value, label or yes/no is a handful of
+# tokens: too few for DSpark's rounds to win back its prefill. An edit of given text (rewrite, fix, rename,
+# convert) copies most of its answer from the prompt, which is where drafted spans are accepted whole.
+_SHORT_ANSWER = re.compile(
+    r"\b(?:value|label|word|number|name|answer|letter|category|date|amount) only\b|\bone (?:word|number|label)\b"
+    r"|\byes or no\b|\b(?:options|labels|choices|categories)\s*:",
+    re.IGNORECASE,
+)
+_BRIEF_ANSWER = re.compile(r"\bone[- ](?:line|sentence)\b|\bbrief(?:ly)?\b|\bshort\b|\btl;dr\b", re.IGNORECASE)
+_RESHAPE = re.compile(
+    r"\b(?:rewrite|rephrase|fix|correct|rename|convert|reformat|format|translate|capitali[sz]e|replace|remove|"
+    r"turn (?:this|it|the)|complete this|add (?:a|the)|extract|copy)\b",
+    re.IGNORECASE,
+)
 _INT_MIN = -(2**31)
 
 
@@ -124,6 +138,20 @@ def _char_shares(text: str) -> dict[str, float]:
     return {f"{name}_share": n / len(text) if text else 0.0 for name, n in counts.items()}
 
 
+def _source_share(text: str) -> float:
+    """The share of the message that is material to work on rather than instruction: its longest line, paragraph
+    or code block, where an answer that reshapes given text copies from."""
+    blocks = re.split(r"\n+|```", text)
+    return max(map(len, blocks), default=0) / len(text) if len(blocks) > 1 and text else 0.0
+
+
+def _repeated_trigrams(text: str) -> float:
+    """The share of word trigrams that occur more than once: repetition a drafter's copies pick up."""
+    words = re.findall(r"\w+", text.lower())
+    trigrams = list(zip(words, words[1:], words[2:], strict=False))
+    return 1.0 - len(set(trigrams)) / len(trigrams) if trigrams else 0.0
+
+
 def structure(request: dict[str, Any], text: str | None = None) -> dict[str, float]:
     """The structure block by name; ``text`` is :func:`request_text` of the request, when the caller has it."""
     text = request_text(request) if text is None else text
@@ -173,6 +201,11 @@ def structure(request: dict[str, Any], text: str | None = None) -> dict[str, flo
         "code_fences": _scaled_count(text.count("```")),
         "code_words": _scaled_count(len(_CODE_WORDS.findall(text))),
         "json_mentioned": float("json" in text.lower()),
+        "short_answer": float(bool(_SHORT_ANSWER.search(user_text))),
+        "brief_answer": float(bool(_BRIEF_ANSWER.search(text))),
+        "reshape": float(bool(_RESHAPE.search(user_text))),
+        "source_share": _source_share(user_text),
+        "repeated_trigrams": _repeated_trigrams(user_text),
         **_char_shares(text),
     }
 

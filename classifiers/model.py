@@ -25,12 +25,13 @@ import skops.io as sio
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import Pipeline
 
+from backends.dspark.scheduler import SpsCurve
 from backends.errors import ModelLoadError
 from classifiers import DEFAULT_THRESHOLD
 from classifiers.features import RequestVectorizer
 
 FORMAT = "dspark-router/determinism-classifier"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 TRUSTED_TYPES = ["classifiers.features.RequestVectorizer"]
 
 
@@ -92,6 +93,13 @@ class DeterminismClassifier:
     @property
     def predicts_speedup(self) -> bool:
         return self.gain is not None
+
+    @property
+    def calibration_curve(self) -> SpsCurve | None:
+        """The target's steps per second by forward length on the machine the speedups were measured on
+        (``calibrate --model`` stores it); None for a classifier retrained from a log, taken as measured here."""
+        profile = self.info.get("calibration_profile")
+        return SpsCurve.from_stored(profile["steps_per_s"]) if isinstance(profile, dict) else None
 
     def expected_speedup(self, request: dict[str, Any]) -> float:
         """DSpark's expected solo speedup on the request: exp of the predicted log speedup, by the same lean path

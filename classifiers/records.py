@@ -63,16 +63,16 @@ class Measurement(BaseModel):
         same split, so retraining on a growing log never moves a record from test into train."""
         if self.split is not None:
             return self.split
-        bucket = zlib.crc32(self._canonical_request().encode()) % 100
+        bucket = zlib.crc32(self.canonical_request().encode()) % 100
         return "train" if bucket < 70 else "val" if bucket < 85 else "test"
 
     @property
     def group(self) -> str:
         """What cross-validation holds out together: the template, or for live traffic the request itself, so no
         fold is scored on a subtask it was fitted on."""
-        return self.template or self._canonical_request()
+        return self.template or self.canonical_request()
 
-    def _canonical_request(self) -> str:
+    def canonical_request(self) -> str:
         return json.dumps(self.request, sort_keys=True, default=str)
 
     @property
@@ -83,11 +83,12 @@ class Measurement(BaseModel):
         return float(value) if isinstance(value, (int, float)) else None
 
 
-def write_measurements(records: Iterable[Measurement], path: str | Path) -> Path:
-    """One line per record, flushed as each arrives: a long calibration stopped half-way keeps its measurements."""
+def write_measurements(records: Iterable[Measurement], path: str | Path, append: bool = False) -> Path:
+    """One line per record, flushed as each arrives: a long calibration stopped half-way keeps its measurements,
+    and ``append`` resumes it."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
+    with path.open("a" if append else "w", encoding="utf-8") as f:
         for record in records:
             f.write(record.model_dump_json(exclude_none=True) + "\n")
             f.flush()

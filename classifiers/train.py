@@ -18,6 +18,7 @@ The test split is never touched here; ``dspark-router bench route`` reports on i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -52,11 +53,18 @@ def _logistic(c: float) -> LogisticRegression:
     return LogisticRegression(C=c, max_iter=5000)
 
 
-def train(records: Sequence[Measurement], margin: float = DEFAULT_MARGIN) -> DeterminismClassifier:
+def train(
+    records: Sequence[Measurement], margin: float = DEFAULT_MARGIN, calibration_profile: dict[str, Any] | None = None
+) -> DeterminismClassifier:
+    """``calibration_profile``: ``{"machine": key, "steps_per_s": {tokens: rate}}`` of the machine the records were
+    measured on, stored for the router to carry the speedups over to its own (see ``router/expected_time.py``)."""
     # The fits are small: BLAS threads only add synchronisation, and thrash where decoding keeps the cores busy
     # (20x slower on two busy cores).
     with threadpool_limits(limits=1):
-        return _train(records, margin)
+        classifier = _train(records, margin)
+    if calibration_profile is not None:
+        classifier.info["calibration_profile"] = calibration_profile
+    return classifier
 
 
 def _train(records: Sequence[Measurement], margin: float) -> DeterminismClassifier:

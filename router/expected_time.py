@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from backends.default_model import drafters_for
 from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
 from router.config import PoolConfig, RouterConfig
 from router.decisions import PoolSeen
@@ -62,25 +63,41 @@ class PoolCost:
 
 
 def _profile(name: str, pool: PoolConfig) -> SpsCurve | None:
-    """The pool's curve: ``auto`` reads the local model folder's profile when there is one; a named file must
-    hold one. With curves of several machines, the last one stored (the most recently profiled machine). Made
-    monotone: a profile taken on a busy machine has slow outliers that would read as cheap long forwards."""
+    """The pool's curve: ``auto`` reads the profile stored with the pool's drafters (``drafter_path``, else the
+    model's, :func:`~backends.default_model.drafters_for`) when there is one; a named file must hold one. Of the
+    curves of several machines, this machine's (device, precision and threads as the pool would load the model),
+    else the last one stored. Made monotone: a profile taken on a busy machine has slow outliers that would read
+    as cheap long forwards."""
     setting = pool.load.profile
     if setting is None:
         return None
     explicit = setting != "auto"
     if not explicit and not pool.local:
         return None
-    file = Path(setting) if explicit else Path(pool.model) / PROFILE_FILE
+    file = Path(setting) if explicit else Path(pool.drafter_path or drafters_for(pool.model)) / PROFILE_FILE
     if not explicit and not file.is_file():
         return None
     try:
         curves = json.loads(file.read_text(encoding="utf-8"))
-        return SpsCurve.from_stored(list(curves.values())[-1]).monotone()
+        stored = curves.get(_machine_key(pool)) if pool.local else None
+        return SpsCurve.from_stored(stored or list(curves.values())[-1]).monotone()
     except (OSError, ValueError, TypeError, AttributeError, IndexError) as exc:
         raise ConfigError(
             f"pools.{name}.load.profile", f"{str(file)!r} holds no steps-per-second curve ({exc})"
         ) from None
+
+
+def _machine_key(pool: PoolConfig) -> str | None:
+    """The key this machine's curve is stored under for the pool, as its workers would load the model; None where
+    the model is not on this machine (a router in front of workers elsewhere)."""
+    from backends.dspark.profile import machine_key
+    from backends.loading import resolve_device, resolve_dtype
+
+    model = Path(pool.model)
+    if not model.is_dir():
+        return None
+    device = resolve_device(pool.device)
+    return machine_key(device, resolve_dtype(pool.dtype, device, model))
 
 
 @dataclass(frozen=True)
@@ -118,11 +135,12 @@ class LoadEstimator:
 
         return cls(side(config.policy.dspark_pool), side(config.policy.standard_pool))
 
-    def choose(self, solo_speedup: float, tokens: int) -> Verdict:
+    def choose(self, solo_speedup: float, tokens: int, measured_on: SpsCurve | None = None) -> Verdict:
         """Where a request of ``tokens`` tokens with this solo speedup is expected to finish first; the standard
-        pool on a tie (DSpark must gain something)."""
+        pool on a tie (DSpark must gain something). ``measured_on``: the cost curve of the machine the solo
+        speedup was measured on, when it is not this one."""
         dspark_load, standard_load = self.dspark.load(), self.standard.load()
-        speedup = self._speedup_at(solo_speedup, dspark_load)
+        speedup = self._speedup_at(solo_speedup, dspark_load, measured_on)
         dspark = self._seen(dspark_load, self.dspark.cost, tokens, speedup)
         standard = self._seen(standard_load, self.standard.cost, tokens, None)
         to_dspark = _time(dspark) < _time(standard)
@@ -135,22 +153,21 @@ class LoadEstimator:
         )
         return Verdict(winner, seen, reason)
 
-    def _speedup_at(self, solo: float, load: PoolLoad) -> float:
+    def _speedup_at(self, solo: float, load: PoolLoad, measured_on: SpsCurve | None = None) -> float:
         """s(b) for the batch the request would join; the solo speedup where there is no profile to scale it.
 
         A DSpark round at batch b costs the forward of b (k + 1) tokens plus b drafter passes (``draft_s`` each,
         0 for span heads) and yields the request what it yields alone; a plain step costs the forward of b
-        tokens. So s(b) = s(1) * SPS(1) * round(1) / (round(b) * SPS(b)), round(b) = 1/SPS(b (k + 1)) + b d."""
+        tokens. So s(b) = s(1) * SPS(1) * round(1) / (round(b) * SPS(b)), round(b) = 1/SPS(b (k + 1)) + b d.
+
+        The same holds from one machine to another, the acceptance being the model's: a solo speedup measured
+        where verifying k + 1 tokens costs 1.06 steps (bfloat16 with AMX) shrinks where it costs 1.8 (float32
+        on AVX2), so SPS(1) * round(1) in the numerator is the measuring machine's (``measured_on``)."""
         sps = self.dspark.cost.sps
         if sps is None:
             return solo
         verify = self.dspark.cost.verify_tokens or load.solo_tokens_per_forward or DEFAULT_VERIFY_TOKENS
-        batch = load.batch
-
-        def round_s(rows: int) -> float:
-            return 1.0 / sps.at(max(rows, round(rows * verify))) + rows * load.draft_s
-
-        speedup = solo * sps.at(1) * round_s(1) / (round_s(batch) * sps.at(batch))
+        speedup = scaled_speedup(solo, measured_on or sps, sps, load.batch, verify, load.draft_s)
         return max(self.dspark.cost.speedup_floor, speedup)
 
     def _seen(self, load: PoolLoad, cost: PoolCost, tokens: int, speedup: float | None) -> PoolSeen:
@@ -171,6 +188,24 @@ class LoadEstimator:
             speedup=speedup,
             expected_s=expected,
         )
+
+
+def scaled_speedup(
+    solo: float,
+    measured_on: SpsCurve,
+    here: SpsCurve,
+    batch: int = 1,
+    verify: float = DEFAULT_VERIFY_TOKENS,
+    draft_s: float = 0.0,
+) -> float:
+    """A solo speedup measured on the machine of ``measured_on`` as it is expected ``here`` at a batch of
+    ``batch``: s * SPS_m(1) * round_m(1) / (round_h(b) * SPS_h(b)), round(b) = 1/SPS(b * verify) + b * draft_s
+    (see :meth:`LoadEstimator._speedup_at`)."""
+
+    def round_s(curve: SpsCurve, rows: int) -> float:
+        return 1.0 / curve.at(max(rows, round(rows * verify))) + rows * draft_s
+
+    return solo * measured_on.at(1) * round_s(measured_on, 1) / (round_s(here, batch) * here.at(batch))
 
 
 def _time(seen: PoolSeen) -> float:

@@ -115,7 +115,8 @@ class Policy:
 
     def _time_saved(self, routed: RoutedRequest) -> Decision:
         speedup = self._expected_speedup(routed)
-        verdict = self.estimator.choose(speedup, routed.request.max_tokens)
+        measured_on = getattr(self.scorer, "calibration_curve", None)
+        verdict = self.estimator.choose(speedup, routed.request.max_tokens, measured_on)
         return Decision(
             pool=verdict.pool,
             policy_pool=verdict.pool,

@@ -15,7 +15,7 @@ import pytest
 from backends.subtasks import KINDS
 from benchmarks import workload
 from benchmarks.workload_mix import arrivals, build_workload
-from benchmarks.workload_policies import POLICIES
+from benchmarks.workload_policies import POLICIES, capacity, policy_config
 from tests.test_bench_decode import write_prompts
 from tests.test_classifier_model import classifier, records, saved  # noqa: F401
 from tests.test_router_support import router_models  # noqa: F401
@@ -54,6 +54,16 @@ def test_arrivals_are_seeded_by_seed_and_rate():
     assert 50 / 4.0 * 0.5 < times[-1] < 50 / 4.0 * 2  # Poisson at 4/s: about 12.5 s for 50 arrivals
 
 
+def test_every_policy_gets_the_same_workers_slots_and_model():
+    """The comparison is fair only at equal capacity: the routed policies split two workers between the pools,
+    the single-pool ones give both to one pool."""
+    model = Path("models/m")
+    capacities = {name: capacity(policy_config(name, model, 16, None, seed=0)) for name in POLICIES}
+    assert all(c == {"workers": 2, "slots": 32, "models": [str(model)]} for c in capacities.values()), capacities
+    routed = policy_config("time_saved", model, 16, None, seed=0)["pools"]
+    assert {name: pool["workers"] for name, pool in routed.items()} == {"dspark": 1, "standard": 1}
+
+
 def test_bench_workload_end_to_end_on_a_tiny_model(router_models, saved, tmp_path, capsys):
     parser = argparse.ArgumentParser()
     workload.add_arguments(parser)
@@ -68,6 +78,7 @@ def test_bench_workload_end_to_end_on_a_tiny_model(router_models, saved, tmp_pat
     assert report["policies"] == list(POLICIES) and len(report["rates"]) == 2
     assert report["workload"]["requests"] == 6 and report["workload"]["prompts"] == 2
     assert report["notes"] == []  # the classifier file has its gain model
+    assert {c["slots"] for c in report["capacity"].values()} == {4}
     for policy, runs in report["results"].items():
         for rate, run in runs.items():
             assert (run["completed"], run["errors"]) == (6, []), (policy, rate)
@@ -83,6 +94,9 @@ def test_bench_workload_end_to_end_on_a_tiny_model(router_models, saved, tmp_pat
         "routing_p99_us",
     }
     assert {item["source"] for item in report["items"]} == {"subtask", "prompt"}
+    for row in report["solo_routing"].values():  # routing never beats the oracle, nor the oracle either pool
+        assert row["oracle_s"] <= min(row["routed_s"], row["standard_s"], row["dspark_s"]) + 1e-9
+    assert sum(row["requests"] for row in report["solo_routing"].values()) == 6
     assert all(item["speedup"] > 0 and item["predicted"] > 0 for item in report["items"])
     for png in ("latency_vs_rate", "throughput_vs_speed", "speedup_by_group", "predicted_vs_measured"):
         assert (tmp_path / "plots" / f"{png}.png").stat().st_size > 1000

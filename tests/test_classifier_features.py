@@ -151,3 +151,23 @@ def test_text_columns_are_hashing_vectorizers():
     structure_block = rows[:, split:].toarray()
     assert structure_block.shape[1] == len(STRUCTURE_FEATURES)
     assert structure_block.min() >= 0.0 and structure_block.max() <= 1.0
+
+
+def test_what_a_request_says_about_its_answer():
+    """Cues any wording may carry: a label or value answer is a few tokens; an edit of given text copies it."""
+
+    def cues(text: str) -> dict[str, float]:
+        return structure({"messages": [{"role": "user", "content": text}]})
+
+    ticket = "Ticket: my card was charged twice on the second of May"
+    asked = f"Which team should handle this? Options: billing, tech.\n\n{ticket}"
+    label = cues(asked)
+    assert label["short_answer"] == 1.0 and label["reshape"] == 0.0
+    assert label["source_share"] == pytest.approx(len(ticket) / len(asked))
+    edit = cues("Fix the spelling in this note.\nthe meeting is on tuesday at teh office")
+    assert edit["reshape"] == 1.0 and edit["short_answer"] == 0.0 and edit["source_share"] > 0.5
+    story = cues("Write a story about a lighthouse keeper.")
+    assert story["reshape"] == story["short_answer"] == story["source_share"] == 0.0
+    assert cues("Summarise in one sentence: the launch moved.")["brief_answer"] == 1.0
+    loops = "for item in items:\n    print(item)\nfor item in items:\n    save(item)"
+    assert cues(loops)["repeated_trigrams"] == pytest.approx(2 / 10) and story["repeated_trigrams"] == 0.0

@@ -22,7 +22,7 @@ from backends.subtasks import generate_subtasks, read_jsonl
 from classifiers import Scorer
 from classifiers.corpus import CORPUS_PATH, build_corpus, template_splits
 from classifiers.gain import THRESHOLD_GRID, best_threshold, time_saved
-from classifiers.model import FORMAT, ClassifierLoadError, DeterminismClassifier
+from classifiers.model import FORMAT, FORMAT_VERSION, ClassifierLoadError, DeterminismClassifier
 from classifiers.records import Measurement
 from classifiers.train import TrainingError, train
 from tests.test_classifier_features import REQUEST_SHAPES
@@ -128,6 +128,14 @@ def test_save_load_round_trip(classifier, saved, records):
     assert loaded.margin == classifier.margin and loaded.info == classifier.info
 
 
+def test_the_calibration_machines_curve_is_kept_with_the_classifier(records, tmp_path):
+    profile = {"machine": "cpu:x|torch.bfloat16|threads=2", "steps_per_s": {"1": 24.0, "4": 22.0}}
+    assert train(records).calibration_curve is None  # retrained from a log: taken as measured where it routes
+    loaded = DeterminismClassifier.load(train(records, calibration_profile=profile).save(tmp_path / "c.skops"))
+    assert loaded.calibration_curve.steps_per_s == {1: 24.0, 4: 22.0}
+    assert loaded.info["calibration_profile"]["machine"] == profile["machine"]
+
+
 class Foreign:
     """A type the loader was never told to trust."""
 
@@ -156,7 +164,7 @@ def _write_other_version(path, classifier):
 
 
 def _write_wrong_pipeline(path, classifier):
-    sio.dump({"format": FORMAT, "version": 1, "margin": 1.15, "pipeline": LogisticRegression()}, path)
+    sio.dump({"format": FORMAT, "version": FORMAT_VERSION, "margin": 1.15, "pipeline": LogisticRegression()}, path)
 
 
 def _write_empty_zip(path, classifier):
@@ -202,3 +210,26 @@ def test_the_shipped_classifier_loads_and_scores():
         assert 0.0 <= shipped.score(request) <= 1.0
     # Calibrated on the default model's measurements: losing a little on a wrong guess costs less than a missed win.
     assert shipped.threshold in THRESHOLD_GRID and shipped.threshold < 0.5
+    assert shipped.calibration_curve is not None  # measured on a machine whose costs the router carries over
+
+
+def test_the_shipped_classifier_ranks_a_copy_heavy_edit_above_a_sampled_story():
+    """Requests in words of no template in the corpus: what each says about its answer must move the score and
+    the expected speedup the way the measurements do (edits of given code gain most, sampled prose least)."""
+    shipped = classifiers.load_default()
+    code = (
+        "def total(items):\n    result = 0\n    for item in items:\n        result += item.price\n    return result\n"
+    )
+    edit = {
+        "messages": [{"role": "user", "content": f"Rename the variable result to subtotal:\n```python\n{code}```"}],
+        "temperature": 0,
+    }
+    story = {"messages": [{"role": "user", "content": "Tell me a bedtime story about a dragon who loves tea."}]}
+    assert shipped.score(edit) > shipped.score(story)
+    assert shipped.expected_speedup(edit) > shipped.expected_speedup(story)
+    label = {
+        "messages": [{"role": "user", "content": "Is this review positive or negative? Reply with one word.\n\n"
+                      "Review: the blender is loud but it works."}],
+        "temperature": 0,
+    }  # fmt: skip
+    assert shipped.expected_speedup(edit) > shipped.expected_speedup(label)

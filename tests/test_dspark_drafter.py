@@ -251,7 +251,7 @@ def test_profile_is_measured_once_per_machine_and_reused(qwen3_path, tmp_path):
     loaded = load_model(qwen3_path)
     curve = load_or_profile(tmp_path, loaded, 4)
     stored = json.loads((tmp_path / PROFILE_FILE).read_text())
-    assert set(stored) == {machine_key(loaded)} and sorted(curve.steps_per_s) == [1, 2, 3, 4]
+    assert set(stored) == {machine_key(loaded.device, loaded.model.dtype)} and sorted(curve.steps_per_s) == [1, 2, 3, 4]
     assert load_or_profile(tmp_path, loaded, 4) == curve
 
 

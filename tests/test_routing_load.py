@@ -117,6 +117,28 @@ def test_a_drafter_that_runs_once_per_request_makes_a_busy_dspark_pool_dearer():
     assert decide(policy(alone, IDLE), MARGINAL).pool == "dspark"
 
 
+def test_a_speedup_measured_where_verifying_is_cheap_shrinks_where_it_is_dear():
+    """The classifier's speedups were measured on a machine whose verifying forward of 4 tokens cost one step
+    (bfloat16, AMX); here (the test's curve made dear) it costs two: the same acceptance buys half the speedup."""
+    dear = SpsCurve({1: 100.0, 2: 80.0, 4: 50.0, 8: 25.0})
+    estimator = LoadEstimator(
+        PoolSide("dspark", lambda: IDLE, PoolCost(sps=dear, verify_tokens=4.0)),
+        PoolSide("standard", lambda: IDLE, PoolCost(sps=dear)),
+    )
+    here = estimator.choose(1.5, 64)
+    assert here.pool == "dspark" and here.seen["dspark"].speedup == pytest.approx(1.5)
+    carried = estimator.choose(1.5, 64, measured_on=CURVE)
+    assert carried.pool == "standard" and carried.seen["dspark"].speedup == pytest.approx(0.75)
+
+    class MeasuredElsewhere(GainScorer):
+        calibration_curve = CURVE
+
+    routed = parse_openai_args({"messages": MESSAGES, "metadata": {"gain": 1.5}}, POOLS)
+    config = PolicyConfig(objective="time_saved")
+    assert Policy(config, GainScorer(), estimator).decide(routed).pool == "dspark"
+    assert Policy(config, MeasuredElsewhere(), estimator).decide(routed).pool == "standard"
+
+
 def test_measured_solo_verification_length_is_used_when_none_is_configured():
     short = PoolLoad(depth=3, running=3, workers=1, max_batch=16, solo_tokens_per_forward=2.0)
     assert decide(policy(short, IDLE), MARGINAL).pool == "dspark"
@@ -239,6 +261,31 @@ def test_the_router_reads_its_pools_load_when_it_decides(tmp_path, router_models
         assert result.decision.rule == "time_saved" and result.decision.expected_speedup == MARGINAL
     finally:
         router.close()
+
+
+def test_the_router_takes_this_machines_curve_from_the_drafters_folder(tmp_path, router_models):
+    """A drafters' folder keeps one curve per machine; the router must weigh load on the machine it runs on (a
+    float32 machine's verifying forwards cost far more than a bfloat16 one's), not on whichever was stored last,
+    and find the file where the pool's drafters are, not in the target's folder."""
+    from backends.dspark.profile import machine_key
+    from backends.loading import resolve_device, resolve_dtype
+
+    models = {name: copy_model(path, tmp_path / name) for name, path in router_models.items()}
+    drafters = tmp_path / "drafters"
+    drafters.mkdir()
+    device = resolve_device("cpu")
+    here = machine_key(device, resolve_dtype("auto", device, models["dspark"]))
+    elsewhere = SpsCurve({1: 10.0, 4: 5.0, 16: 2.0})
+    curves = {here: CURVE.steps_per_s, "cpu:elsewhere|torch.float32|threads=2": elsewhere.steps_per_s}
+    (drafters / PROFILE_FILE).write_text(json.dumps({k: {str(n): v for n, v in c.items()} for k, c in curves.items()}))
+    data = config_data(models, objective="time_saved", classifier="default")
+    data["pools"]["dspark"]["drafter_path"] = str(drafters)
+    data["pools"]["dspark"]["device"] = "cpu"
+    pool = make_router(tmp_path, data, scorer=GainScorer())
+    try:
+        assert pool.policy.estimator.dspark.cost.sps == CURVE.monotone()
+    finally:
+        pool.close()
 
 
 def test_in_process_pools_measure_what_a_lone_request_feeds_a_forward(tmp_path, router_models):

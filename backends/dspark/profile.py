@@ -31,10 +31,16 @@ from backends.types import GenerationRequest
 CONTEXT_TOKENS = 64
 
 
-def machine_key(loaded: LoadedModel) -> str:
-    device = loaded.device
+def machine_key(device: torch.device, dtype: torch.dtype) -> str:
+    """What a stored curve is valid for: the device, the precision and this process's torch threads. The router
+    computes it for a pool before any model is loaded, so it takes what ``load_model`` would resolve."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    return f"{device.type}:{name}|{loaded.model.dtype}|threads={torch.get_num_threads()}"
+    return f"{device.type}:{name}|{dtype}|threads={torch.get_num_threads()}"
+
+
+def stored_curves(file: Path) -> dict[str, dict[str, float]]:
+    """Every machine's curve in a ``dspark_sps.json`` (none when there is no file)."""
+    return json.loads(file.read_text()) if file.is_file() else {}
 
 
 def profiled_lengths(max_tokens: int) -> list[int]:
@@ -146,17 +152,12 @@ def _median_s(
     return statistics.median(times[1:])
 
 
-def _read(folder: Path) -> dict[str, dict[str, float]]:
-    file = folder / PROFILE_FILE
-    return json.loads(file.read_text()) if file.is_file() else {}
-
-
 def profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurve:
     """Measure now and store the curve under this machine's key (a read-only folder just keeps it in memory)."""
     folder = Path(folder)
     curve = measure_sps(loaded, max_tokens)
-    stored = _read(folder)
-    stored[machine_key(loaded)] = {str(k): v for k, v in curve.steps_per_s.items()}
+    stored = stored_curves(folder / PROFILE_FILE)
+    stored[machine_key(loaded.device, loaded.model.dtype)] = {str(k): v for k, v in curve.steps_per_s.items()}
     with contextlib.suppress(OSError):
         (folder / PROFILE_FILE).write_text(json.dumps(stored, indent=2) + "\n")
     return curve
@@ -164,7 +165,7 @@ def profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurv
 
 def load_or_profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurve:
     """The stored curve for this machine when it covers ``max_tokens``, else a fresh measurement."""
-    stored = _read(Path(folder)).get(machine_key(loaded))
+    stored = stored_curves(Path(folder) / PROFILE_FILE).get(machine_key(loaded.device, loaded.model.dtype))
     if stored and max(map(int, stored)) >= max_tokens:
         return SpsCurve.from_stored(stored)
     return profile(folder, loaded, max_tokens)
@@ -182,7 +183,11 @@ def main() -> None:
     args = parser.parse_args()
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     curve = profile(args.into or drafters_for(args.model), loaded, args.max_tokens)
-    print(json.dumps({"machine": machine_key(loaded), "steps_per_s": curve.steps_per_s}, indent=2))
+    print(
+        json.dumps(
+            {"machine": machine_key(loaded.device, loaded.model.dtype), "steps_per_s": curve.steps_per_s}, indent=2
+        )
+    )
 
 
 if __name__ == "__main__":
