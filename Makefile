@@ -48,12 +48,12 @@ $(MODEL)/converted_from.json: | $(STAMP)
 
 model-target: $(MODEL)/converted_from.json
 
-# Both drafters, trained here on the frozen target (about 3 hours on 2 cores with AMX; every stage resumes where
+# Both drafters, trained here on the frozen target (about 3.5 hours on 2 cores with AMX; every stage resumes where
 # it stopped): the target's own greedy answers to the prompt mix and their cached features (train data, 27 min),
 # then the span heads and the published drafter side by side (make -j2 model, one core each), then the span
 # thresholds tuned by measured speed, the target's cost profile, the classifier's measurements of its whole
-# corpus (55 min; rerun by hand with --resume, it picks up where a stopped run left off) and calibration, and a
-# seeded 48 of them measured again (4.5 min), which is how bench route knows how repeatable one measurement is.
+# corpus (about 75 min; rerun by hand with --resume, it picks up where a stopped run left off) and calibration, and a
+# seeded 48 of them measured again (5 min), which is how bench route knows how repeatable one measurement is.
 DRAFTER_THREADS ?= 1
 VOCAB := 16384
 $(RUN)/features.safetensors: $(MODEL)/converted_from.json
