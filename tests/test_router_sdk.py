@@ -132,8 +132,11 @@ async def test_async_api_matches_sync(tmp_path, router_models):
         chunks = [c async for c in router.astream(messages=MESSAGES, max_tokens=6, temperature=0, model="dspark")]
         assert "".join(c.delta for c in chunks) == chunks[-1].result.text == expected.text
         assert all(c.decision.pool == "dspark" for c in chunks)
-        fanned = await router.amap([{"messages": MESSAGES, "max_tokens": n} for n in (1, 2, 3)], concurrency=2)
-        assert [r.usage.completion_tokens for r in fanned] == [1, 2, 3]
+        # Greedy, as above: a sampled first token may be the end of the text (seen in CI once in many runs).
+        fanned = await router.amap(
+            [{"messages": MESSAGES, "max_tokens": n, "temperature": 0} for n in (1, 2, 3)], concurrency=2
+        )
+        assert [r.usage.completion_tokens for r in fanned] == [1, 2, 3] and expected.usage.completion_tokens == 6
 
 
 def test_stream_and_complete_stream_true(tmp_path, router_models):
