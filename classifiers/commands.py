@@ -128,7 +128,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=_calibrate)
 
 
-def _measure(args: argparse.Namespace, console: Console) -> tuple[list[Measurement], dict]:
+def _measure(args: argparse.Namespace, console: Console) -> tuple[list[Measurement], dict | None]:
     """The measurements, and the calibration profile of the machine they were taken on."""
     if not Path(args.corpus).is_file():
         raise InvalidRequestError(f"no corpus file at {args.corpus!r}", param="corpus")

@@ -25,7 +25,6 @@ reports its saving as a share, not in seconds), times s(1) on the DSpark side, s
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -77,8 +76,10 @@ def _profile(name: str, pool: PoolConfig) -> SpsCurve | None:
     file = Path(setting) if explicit else Path(pool.drafter_path or drafters_for(pool.model)) / PROFILE_FILE
     if not explicit and not file.is_file():
         return None
+    from backends.dspark.profile import stored_curves
+
     try:
-        curves = json.loads(file.read_text(encoding="utf-8"))
+        curves = stored_curves(file)
         stored = curves.get(_machine_key(pool)) if pool.local else None
         return SpsCurve.from_stored(stored or list(curves.values())[-1]).monotone()
     except (OSError, ValueError, TypeError, AttributeError, IndexError) as exc:
