@@ -70,8 +70,8 @@ model-drafter: $(RUN)/features.safetensors
 model: model-heads model-drafter
 	$(BIN)/dspark-router tune --model $(MODEL) --prompts 12 --write
 	$(BIN)/python -m backends.dspark.profile $(MODEL)
-	$(BIN)/dspark-router calibrate --model $(MODEL) --max-tokens 64 --repeats 1 --samples 2
-	$(BIN)/dspark-router calibrate --model $(MODEL) --max-tokens 64 --repeats 1 --samples 2 --sample 48 \
+	$(BIN)/dspark-router calibrate --model $(MODEL)
+	$(BIN)/dspark-router calibrate --model $(MODEL) --sample 48 \
 		--measurements classifiers/data/retest.jsonl --measure-only
 	rm -rf $(DRAFTERS)/checkpoint $(DRAFTERS)/dspark_drafter/checkpoint
 

@@ -6,6 +6,7 @@ Nothing here reaches a model hub: a path that does not exist or holds no model i
 
 from __future__ import annotations
 
+import platform
 import threading
 import weakref
 from dataclasses import dataclass
@@ -57,6 +58,18 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 @cache
+def cpu_name() -> str:
+    """The CPU's model name: machines differ, so a stored cost curve and every benchmark figure say which one
+    measured them (``platform.processor()`` says only ``x86_64`` on Linux)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AMX or AVX-512 BF16): elsewhere bfloat16 is emulated and
     slower than float32."""

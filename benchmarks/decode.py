@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -39,7 +38,7 @@ from backends.dspark import DSparkBackend
 from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.profile import measure_round
-from backends.loading import prompt_ids
+from backends.loading import cpu_name, prompt_ids
 from backends.progress import JobProgress
 from backends.threads import on_own_thread
 from backends.training.drafter import REPORT_FILE as TRAIN_REPORT_FILE
@@ -406,17 +405,6 @@ def choose_drafters(folder: Path, requested: str | None) -> tuple[list[str], lis
     if unknown or not wanted:
         raise SystemExit(f"bench decode: {folder} allows {possible or 'no variant'}; asked for {wanted}")
     return wanted, [f"{folder.name} has no {d} drafter: not benchmarked" for d in DRAFTERS if d not in have]
-
-
-def cpu_name() -> str:
-    """The CPU a number came from (machines differ; the README says which one measured what)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def run(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from backends.default_model import DEFAULT_DRAFTERS
-from backends.loading import cpu_has_bf16
+from backends.loading import cpu_has_bf16, cpu_name
 
 PUBLISHED = Path(__file__).with_name("published.md")
 
@@ -222,12 +222,32 @@ def route(data: dict, results: Path, base: Path) -> str:
             f"Noise ceiling: {ceiling['pairs']} of the subtasks measured a second time (`calibrate --sample`): their "
             f"log speedups correlate {ceiling['log_correlation']:.2f} between the two runs (greedy "
             f"{ceiling['greedy_log_correlation']:.2f}, sampled {ceiling['sampled_log_correlation']:.2f}), the label "
-            f"'DSpark faster' agrees {ceiling['faster_label_agreement']:.0%} of the time, and routing each by its own "
+            f"'DSpark faster' agrees {ceiling['faster_label_agreement']:.0%} of the time (AUROC of the first speedup "
+            f"on the second's label {ceiling['remembered_auroc_faster']:.2f}), and routing each by its own "
             f"first measurement saves {ceiling['remembered_oracle_gain_ratio']:.2f} of the second run's oracle "
             f"(all-DSpark {ceiling['all_dspark_gain_ratio']:.2f}): no router that learns from one measurement per "
             "subtask can be scored much above that."
         )
+    if carried := data.get("carry_over"):
+        parts.append(
+            f"Carried to another machine: the same {carried['pairs']} subtasks measured on "
+            f"{_machine_name(carried['remeasured_on'])} against the labels' {_machine_name(carried['measured_on'])}. "
+            f"The two machines' cost curves scale a speedup by {carried['carry_factor']:.2f}; measured there, log "
+            f"speedups are off the labels by {carried['mean_log_ratio_measured']:+.2f} on average and off the "
+            f"carried labels by {carried['mean_log_ratio_carried']:+.2f} (correlation "
+            f"{carried['log_correlation']:.2f}). DSpark is faster there on {carried['dspark_faster_share']:.0%}; "
+            f"'faster' carried over agrees {carried['faster_label_agreement_carried']:.0%} (as measured: "
+            f"{carried['faster_label_agreement_measured']:.0%}), and routing there by the carried labels saves "
+            f"{carried['carried_oracle_gain_ratio']:.2f} of that machine's oracle (by the labels as measured "
+            f"{carried['measured_oracle_gain_ratio']:.2f}, all-DSpark {carried['all_dspark_gain_ratio']:.2f})."
+        )
     return "\n\n".join([*parts, _image(results, "route.png", base, "ROC and score against measured speedup")])
+
+
+def _machine_name(key: str) -> str:
+    """A machine key (``cpu:NAME|torch.DTYPE|threads=N``) as words: 'NAME in DTYPE'."""
+    device, dtype, _ = key.split("|")
+    return f"{device.split(':', 1)[-1]} in {dtype.removeprefix('torch.')}"
 
 
 def workload(data: dict, results: Path, base: Path) -> str:
@@ -381,19 +401,12 @@ SECTIONS: tuple[Section, ...] = (
 
 
 def machine() -> str:
-    cpu = next(
-        (line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")), platform.processor()
-    )
+    cpu = cpu_name()
     precision = "bfloat16" if cpu_has_bf16() else "float32"
     return (
         f"{cpu}, {os.cpu_count()} cores, the default model in {precision} on it, Python "
         f"{platform.python_version()}, torch {torch.__version__}, {platform.system()} {platform.release()}"
     )
-
-
-def _cpuinfo() -> list[str]:
-    path = Path("/proc/cpuinfo")
-    return path.read_text().splitlines() if path.is_file() else []
 
 
 def weights_id(folder: Path = DEFAULT_DRAFTERS) -> str | None:

@@ -21,6 +21,8 @@ On the test split of the measurements (templates the classifier was not fitted o
   that has never seen these templates;
 * ``cross_validation.gain_log_correlation``: the expected-gain model's predictions against the measured
   speedups, each out of fold; ``cross_validation.by_kind``: where routing saves, misses and loses time;
+* ``noise_ceiling`` and ``carry_over`` (:mod:`benchmarks.route_remeasured`): the same subtasks measured again,
+  on this machine and on another: how far any router can learn these labels, and carry them to another CPU;
 * ``p50_us`` / ``p99_us``: the latency of scoring one subtask in-process, as the router does per request, and
   ``cpu_p50_us`` / ``cpu_p99_us``, the CPU time of those calls. Judge the target on an otherwise idle machine:
   on busy cores the wall-clock p99 measures the scheduler, not the classifier.
@@ -37,10 +39,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from backends.default_model import DEFAULT_DRAFTERS
+from backends.dspark.scheduler import PROFILE_FILE
 from backends.errors import InvalidRequestError
 from benchmarks.output import write_json
-from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS, DEFAULT_RETEST
-from classifiers.gain import oracle_saved, standard_times, time_saved
+from benchmarks.route_remeasured import carry_over, noise_ceiling
+from classifiers import DEFAULT_CARRY_OVER, DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS, DEFAULT_RETEST
+from classifiers.gain import oracle_saved, oracle_share, standard_times, time_saved
 from classifiers.records import Measurement, read_measurements
 
 if TYPE_CHECKING:
@@ -66,12 +71,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=str(DEFAULT_RETEST),
         help="the same subtasks measured again (calibrate --sample): the noise ceiling; 'none' to skip",
     )
+    p.add_argument(
+        "--carry-over",
+        default=str(DEFAULT_CARRY_OVER),
+        help="the same subtasks measured on another machine: how well speedups carry over; 'none' to skip",
+    )
+    p.add_argument(
+        "--profiles",
+        default=str(DEFAULT_DRAFTERS / PROFILE_FILE),
+        help="the cost curves of both machines (dspark_sps.json) for --carry-over",
+    )
     p.add_argument("--json", metavar="PATH", help="write the report as JSON")
     p.add_argument("--plot", metavar="PNG", help="draw the ROC curve and score against speedup")
-
-
-def _ratio(part: float, whole: float) -> float | None:
-    return part / whole if whole > 0 else None
 
 
 def evaluate(scores: np.ndarray, records: Sequence[Measurement], margin: float, threshold: float) -> dict[str, Any]:
@@ -81,8 +92,8 @@ def evaluate(scores: np.ndarray, records: Sequence[Measurement], margin: float, 
     speedups = np.array([record.speedup for record in records])
     labels = speedups >= margin
     saved = time_saved(records)
-    oracle = oracle_saved(saved)
-    routed = float(saved[scores >= threshold].sum())
+    routed = scores >= threshold
+    everything = np.ones(len(records), dtype=bool)
     both_classes = 0 < labels.sum() < len(labels)
     return {
         "subtasks": len(records),
@@ -92,12 +103,17 @@ def evaluate(scores: np.ndarray, records: Sequence[Measurement], margin: float, 
         "auroc": float(roc_auc_score(labels, scores)) if both_classes else None,
         "auroc_faster": float(roc_auc_score(speedups > 1, scores)) if 0 < (speedups > 1).sum() < len(labels) else None,
         "brier": float(brier_score_loss(labels, scores, labels=[False, True])),
-        "routed_to_dspark": int((scores >= threshold).sum()),
+        "routed_to_dspark": int(routed.sum()),
         "standard_time_s": float(standard_times(records).sum()),
-        "saved_s": {"classifier": routed, "oracle": oracle, "all_dspark": float(saved.sum()), "all_standard": 0.0},
-        "oracle_gain_ratio": _ratio(routed, oracle),
-        "all_dspark_gain_ratio": _ratio(float(saved.sum()), oracle),
-        "all_standard_gain_ratio": _ratio(0.0, oracle),
+        "saved_s": {
+            "classifier": float(saved[routed].sum()),
+            "oracle": oracle_saved(saved),
+            "all_dspark": float(saved.sum()),
+            "all_standard": 0.0,
+        },
+        "oracle_gain_ratio": oracle_share(saved, routed),
+        "all_dspark_gain_ratio": oracle_share(saved, everything),
+        "all_standard_gain_ratio": oracle_share(saved, ~everything),
     }
 
 
@@ -190,9 +206,6 @@ def online(
     from backends.progress import JobProgress
     from classifiers.train import train
 
-    def gain(saved: np.ndarray, routed: np.ndarray) -> float | None:
-        return _ratio(float(saved[routed].sum()), oracle_saved(saved))
-
     live = {"split": None, "template": None, "kind": None}  # what a log record of live traffic lacks
     static = classifier.score_many(record.request for record in stream) >= classifier.threshold
     runs = []
@@ -213,50 +226,21 @@ def online(
             saved, half = time_saved(arrivals), slice(len(arrivals) // 2, None)
             runs.append(
                 {
-                    "oracle_gain_ratio": gain(saved, routed),
-                    "second_half_oracle_gain_ratio": gain(saved[half], routed[half]),
+                    "oracle_gain_ratio": oracle_share(saved, routed),
+                    "second_half_oracle_gain_ratio": oracle_share(saved[half], routed[half]),
                     "logged": len(log),
                 }
             )
     summary: dict[str, Any] = {
         "shadow": shadow,
         "batch": batch,
-        "static_oracle_gain_ratio": gain(time_saved(stream), static),
+        "static_oracle_gain_ratio": oracle_share(time_saved(stream), static),
         "orders": runs,
     }
     for name in ("oracle_gain_ratio", "second_half_oracle_gain_ratio"):
         values = [run[name] for run in runs if run[name] is not None]
         summary[f"{name}_mean"] = float(np.mean(values)) if values else None
     return summary
-
-
-def noise_ceiling(records: Sequence[Measurement], retest: Sequence[Measurement]) -> dict[str, Any] | None:
-    """How far any router can learn the measured labels: the same requests measured twice. Routing each retested
-    request by its first measurement (what a router that remembered every request would do) against the oracle
-    of the second is the most that time saved can reach while one measurement is this noisy."""
-    first = {record.canonical_request(): record for record in records if record.speedup is not None}
-    pairs = [
-        (first[r.canonical_request()], r) for r in retest if r.speedup is not None and r.canonical_request() in first
-    ]
-    if len(pairs) < 3:
-        return None
-    before = np.log([a.speedup for a, _ in pairs])
-    after = np.log([b.speedup for _, b in pairs])
-    greedy = np.array([a.request.get("temperature") == 0 for a, _ in pairs])
-    saved = time_saved([b for _, b in pairs])
-
-    def correlation(mask: np.ndarray) -> float | None:
-        return float(np.corrcoef(before[mask], after[mask])[0, 1]) if mask.sum() > 2 else None
-
-    return {
-        "pairs": len(pairs),
-        "log_correlation": correlation(np.ones(len(pairs), dtype=bool)),
-        "greedy_log_correlation": correlation(greedy),
-        "sampled_log_correlation": correlation(~greedy),
-        "faster_label_agreement": float(((before > 0) == (after > 0)).mean()),
-        "remembered_oracle_gain_ratio": _ratio(float(saved[before > 0].sum()), oracle_saved(saved)),
-        "all_dspark_gain_ratio": _ratio(float(saved.sum()), oracle_saved(saved)),
-    }
 
 
 def scoring_latency(
@@ -356,9 +340,18 @@ def _print(report: dict[str, Any]) -> None:
     if ceiling := report.get("noise_ceiling"):
         Console().print(
             f"noise ceiling: {ceiling['pairs']} subtasks measured twice, log speedups correlate "
-            f"{ceiling['log_correlation']:.2f}, 'faster' agrees {ceiling['faster_label_agreement']:.0%}; routing "
+            f"{ceiling['log_correlation']:.2f}, 'faster' agrees {ceiling['faster_label_agreement']:.0%} (AUROC "
+            f"{ceiling['remembered_auroc_faster']:.2f}); routing "
             f"each by its first measurement saves {ceiling['remembered_oracle_gain_ratio']:.2f} of the second's "
             f"oracle (all-DSpark {ceiling['all_dspark_gain_ratio']:.2f})"
+        )
+    if carried := report.get("carry_over"):
+        Console().print(
+            f"carried over: {carried['pairs']} subtasks remeasured on {carried['remeasured_on']}, curves scale "
+            f"by {carried['carry_factor']:.2f}, mean log error {carried['mean_log_ratio_carried']:+.2f} carried "
+            f"({carried['mean_log_ratio_measured']:+.2f} as measured); routing there by the carried labels saves "
+            f"{carried['carried_oracle_gain_ratio']:.2f} of its oracle (as measured "
+            f"{carried['measured_oracle_gain_ratio']:.2f}, all-DSpark {carried['all_dspark_gain_ratio']:.2f})"
         )
     if cv:
         Console().print(_kind_table(cv["by_kind"], cv["folds"]))
@@ -411,6 +404,9 @@ def run(args: argparse.Namespace) -> int:
         report["online"] = online(classifier, fitted, chosen, args.online_shadow, args.online_batch, args.online_orders)
     if args.retest != "none" and Path(args.retest).is_file():
         report["noise_ceiling"] = noise_ceiling(records, read_measurements(args.retest)[0])
+    if args.carry_over != "none" and Path(args.carry_over).is_file():
+        elsewhere = read_measurements(args.carry_over)[0]
+        report["carry_over"] = carry_over(records, elsewhere, Path(args.profiles))
     report["targets_met"] = targets_met(report)
     _print(report)
     write_json(args.json, report)

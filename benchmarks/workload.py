@@ -177,37 +177,33 @@ def gain_classifier(settings: Settings) -> tuple[DeterminismClassifier, list[str
 def measure_solo(
     items: list[WorkItem], classifier: DeterminismClassifier, pools: dict[str, LocalBackend], curve: SpsCurve
 ) -> tuple[list[Solo], list[str]]:
-    """Every request once per pool, in blocks as calibration measures (``classifiers.calibrate.block_runs``);
+    """Every request once per pool, in blocks as calibration measures (``classifiers.calibrate.in_blocks``);
     those that do not fit the model's context are left out. The predicted speedup is the expected-gain model's
     carried over from its calibration machine to this one's ``curve``, as the ``time_saved`` policy carries it."""
-    from classifiers.calibrate import BLOCK, block_runs, speedup_of
+    from classifiers.calibrate import in_blocks, speedup_of
 
     calibrated = classifier.calibration_curve
     carried = 1.0 if calibrated is None else scaled_speedup(1.0, calibrated.monotone(), curve)
     measured, skipped = [], []
-    names = list(pools)
+    requests = [GenerationRequest(**item.request) for item in items]
     with JobProgress(log_every=10) as progress:
         job = progress.add_job("measure solo", total=len(items))
-        for start in range(0, len(items), BLOCK):
-            block = items[start : start + BLOCK]
-            requests = [GenerationRequest(**item.request) for item in block]
-            taken = block_runs(pools, requests, 1, 1, first=names[(start // BLOCK) % len(names)])
-            for item, runs in zip(block, taken, strict=True):
-                if isinstance(runs, InvalidRequestError):
-                    skipped.append(item.name)
-                    progress.step(job, status=f"skipped {item.name}")
-                    continue
-                standard = runs["standard"][0]
-                measured.append(
-                    Solo(
-                        item=item,
-                        speedup=speedup_of(runs),
-                        predicted=classifier.expected_speedup(item.request) * carried,
-                        standard_s=standard.stats.wall_time_s,
-                        reference=standard.token_ids if item.greedy else None,
-                    )
+        for item, runs in zip(items, in_blocks(pools, requests, 1, 1), strict=True):
+            if isinstance(runs, InvalidRequestError):
+                skipped.append(item.name)
+                progress.step(job, status=f"skipped {item.name}")
+                continue
+            standard = runs["standard"][0]
+            measured.append(
+                Solo(
+                    item=item,
+                    speedup=speedup_of(runs),
+                    predicted=classifier.expected_speedup(item.request) * carried,
+                    standard_s=standard.stats.wall_time_s,
+                    reference=standard.token_ids if item.greedy else None,
                 )
-                progress.step(job, status=f"{item.name}: {measured[-1].speedup:.2f}x")
+            )
+            progress.step(job, status=f"{item.name}: {measured[-1].speedup:.2f}x")
     notes = [f"left out (prompt plus max_tokens beyond the context): {', '.join(skipped)}"] if skipped else []
     return measured, notes
 

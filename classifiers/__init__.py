@@ -13,6 +13,8 @@ DEFAULT_CLASSIFIER = DATA_DIR / "default.skops"
 DEFAULT_MEASUREMENTS = DATA_DIR / "measurements.jsonl"
 DEFAULT_RETEST = DATA_DIR / "retest.jsonl"
 """A seeded sample of the corpus measured a second time (``calibrate --sample``): how repeatable a label is."""
+DEFAULT_CARRY_OVER = DATA_DIR / "carry_over.jsonl"
+"""The same sample measured on a machine other than the labels': how well speedups carry from one to another."""
 # The speedup that makes DSpark worth it: below it, a small gain does not pay for a wrong guess.
 DEFAULT_MARGIN = 1.15
 # The score to route at when a classifier carries no calibrated threshold (classifiers/gain.py chooses one).

@@ -10,10 +10,9 @@ the fastest of ``repeats`` runs is the one kept: the usual way to take schedulin
 A sampled subtask is measured over ``samples`` seeds: the router decides before anything is sampled, so the
 quantity to learn is the speedup expected over the outputs the request can get, and one draw's luck (a short
 answer, a run of rejected spans) is noise in that label. A greedy subtask has one output and needs one seed.
-Which outputs were drawn is by far the larger noise: 30 sampled subtasks measured twice with the same seeds
-agreed closely (log-speedup correlation 0.98), with another 4 seeds each only at 0.76, and a quarter of their
-labels flipped. Hence the defaults of 12 seeds and 2 repeats rather than 4 and 3 (about 1.8x the time: 26
-minutes for the shipped corpus on 2 cores).
+On the default model (a run of 64 tokens takes 2-3 s on 2 cores) the defaults are one run per seed and pool,
+two seeds and 64 tokens: the whole corpus in about 80 minutes, and 48 subtasks measured twice that way agree
+closely (log-speedup correlation 0.95, "faster" the same on 88%).
 
 Speedup is standard time per output token over DSpark time per output token, totalled over the seeds: for the
 greedy subtasks both produce the same tokens and this is plain wall-time ratio; for sampled ones the outputs
@@ -24,6 +23,7 @@ from __future__ import annotations
 
 import statistics
 import zlib
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,9 @@ from backends.subtasks import Subtask
 from backends.types import GenerationRequest, GenerationResult
 from classifiers.records import Measurement, Split
 
-DEFAULT_MAX_TOKENS = 128
+MAX_TOKENS = 64
+REPEATS = 1
+SAMPLES = 2
 WARMUP_TOKENS = 8
 DISTURBED = 2.0
 BLOCK = 8
@@ -137,6 +139,17 @@ def block_runs(
     return runs
 
 
+def in_blocks(
+    pools: dict[str, LocalBackend], requests: Sequence[GenerationRequest], repeats: int, samples: int
+) -> Iterator[Runs | InvalidRequestError]:
+    """:func:`block_runs` over :data:`BLOCK` requests at a time, the first pool alternating from block to block:
+    each request's runs (or refusal) in order, yielded as its block is taken."""
+    names = list(pools)
+    for start in range(0, len(requests), BLOCK):
+        first = names[(start // BLOCK) % len(names)]
+        yield from block_runs(pools, requests[start : start + BLOCK], repeats, samples, first)
+
+
 def summarise(runs: Runs) -> tuple[float, dict[str, dict]]:
     """(speedup, stats by pool) of one request's runs."""
     stats = {name: _pool_stats(results) for name, results in runs.items()}
@@ -152,14 +165,24 @@ def load_pools(model: str, device: str = "auto", dtype: str = "auto") -> dict[st
     return {"dspark": dspark, "standard": AutoregressiveBackend(dspark.loaded)}
 
 
-def machine_profile(model: str, device: str = "auto", dtype: str = "auto") -> dict[str, Any] | None:
-    """This machine's key and the model's cost curve on it as stored with its drafters (the DSpark backend
-    profiles it when it first loads here), for the classifier to keep beside the speedups measured with it;
-    None where none is stored."""
-    resolved = resolve_device(device)
-    key = machine_key(resolved, resolve_dtype(dtype, resolved, Path(model)))
-    curve = stored_curves(drafters_for(model) / PROFILE_FILE).get(key)
-    return {"machine": key, "steps_per_s": curve} if curve else None
+def machine_profile(
+    model: str, machine: str | None = None, device: str = "auto", dtype: str = "auto"
+) -> dict[str, Any] | None:
+    """The key of the machine the speedups were measured on (``machine``, else this one as ``device`` and
+    ``dtype`` resolve here) and the model's cost curve there as stored with its drafters (the DSpark backend
+    profiles it when it first loads on a machine), for the classifier to keep beside the speedups; None where
+    none is stored."""
+    if machine is None:
+        resolved = resolve_device(device)
+        machine = machine_key(resolved, resolve_dtype(dtype, resolved, Path(model)))
+    curve = stored_curves(drafters_for(model) / PROFILE_FILE).get(machine)
+    return {"machine": machine, "steps_per_s": curve} if curve else None
+
+
+def measured_on(records: Sequence[Measurement]) -> str | None:
+    """The machine most of the measured records name, or None where none names one."""
+    machines = Counter(r.machine for r in records if r.speedup is not None and r.machine is not None)
+    return machines.most_common(1)[0][0] if machines else None
 
 
 def _seconds_per_forward(stats: dict[str, dict]) -> dict[str, float]:
@@ -180,14 +203,13 @@ def _disturbance(per_forward: dict[str, float], typical: dict[str, list[float]])
 def measure(
     pools: dict[str, LocalBackend],
     subtasks: Sequence[tuple[Subtask, Split]],
-    max_tokens: int = DEFAULT_MAX_TOKENS,
-    repeats: int = 1,
-    samples: int = 1,
+    max_tokens: int = MAX_TOKENS,
+    repeats: int = REPEATS,
+    samples: int = SAMPLES,
     on_skip: Callable[[Subtask, InvalidRequestError], None] | None = None,
 ) -> Iterator[Measurement]:
-    """One measurement per subtask, yielded as its block is taken (:func:`block_runs`, :data:`BLOCK` subtasks, the
-    first pool alternating from block to block). A subtask the model cannot take (prompt longer than its context)
-    is skipped and handed to ``on_skip``.
+    """One measurement per subtask, yielded as its block is taken (:func:`in_blocks`). A subtask the model cannot
+    take (prompt longer than its context) is skipped and handed to ``on_skip``.
 
     A measurement whose forwards ran :data:`DISTURBED` times slower than the usual on either pool was disturbed
     (another process took the cores for a while: seen here as 10 s for 10 tokens, a 22x "speedup") and is taken
@@ -199,39 +221,43 @@ def measure(
     )
     for backend in pools.values():
         backend.complete(warmup)
-    names = list(pools)
+    loaded = pools["dspark"].loaded
+    machine = machine_key(loaded.device, loaded.model.dtype)
     typical: dict[str, list[float]] = {name: [] for name in pools}
-    for start in range(0, len(subtasks), BLOCK):
-        block = subtasks[start : start + BLOCK]
-        records = [
-            Measurement(request=subtask.to_request_dict(), split=split, kind=subtask.kind, template=subtask.template)
-            for subtask, split in block
-        ]
-        requests = [
-            calibration_request(subtask, max_tokens, seed=zlib.crc32(record.canonical_request().encode()))
-            for (subtask, _), record in zip(block, records, strict=True)
-        ]
-        first = names[(start // BLOCK) % len(names)]
-        taken = block_runs(pools, requests, repeats, samples, first)
-        for (subtask, _), record, request, runs in zip(block, records, requests, taken, strict=True):
-            if isinstance(runs, InvalidRequestError):
-                if on_skip is not None:
-                    on_skip(subtask, runs)
-                continue
-            speedup, stats = summarise(runs)
-            best = (_disturbance(_seconds_per_forward(stats), typical), speedup, stats)
-            for _ in range(RETRIES):
-                if best[0] < DISTURBED:
-                    break
-                again = block_runs(pools, [request], repeats, samples, first)[0]
-                if not isinstance(again, InvalidRequestError):
-                    speedup, stats = summarise(again)
-                    candidate = (_disturbance(_seconds_per_forward(stats), typical), speedup, stats)
-                    best = min(best, candidate, key=lambda taken: taken[0])
-            _, speedup, stats = best
-            for name, seconds in _seconds_per_forward(stats).items():
-                typical[name].append(seconds)
-            yield record.model_copy(update={"speedup": speedup, "stats": stats})
+    records = [
+        Measurement(
+            request=subtask.to_request_dict(),
+            split=split,
+            kind=subtask.kind,
+            template=subtask.template,
+            machine=machine,
+        )
+        for subtask, split in subtasks
+    ]
+    requests = [
+        calibration_request(subtask, max_tokens, seed=zlib.crc32(record.canonical_request().encode()))
+        for (subtask, _), record in zip(subtasks, records, strict=True)
+    ]
+    taken = in_blocks(pools, requests, repeats, samples)
+    for (subtask, _), record, request, runs in zip(subtasks, records, requests, taken, strict=True):
+        if isinstance(runs, InvalidRequestError):
+            if on_skip is not None:
+                on_skip(subtask, runs)
+            continue
+        speedup, stats = summarise(runs)
+        best = (_disturbance(_seconds_per_forward(stats), typical), speedup, stats)
+        for _ in range(RETRIES):
+            if best[0] < DISTURBED:
+                break
+            again = next(in_blocks(pools, [request], repeats, samples))
+            if not isinstance(again, InvalidRequestError):
+                speedup, stats = summarise(again)
+                candidate = (_disturbance(_seconds_per_forward(stats), typical), speedup, stats)
+                best = min(best, candidate, key=lambda taken: taken[0])
+        _, speedup, stats = best
+        for name, seconds in _seconds_per_forward(stats).items():
+            typical[name].append(seconds)
+        yield record.model_copy(update={"speedup": speedup, "stats": stats})
 
 
 def measure_with_progress(

@@ -24,10 +24,13 @@ from backends.errors import InvalidRequestError
 from backends.subtasks import read_jsonl
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
 from classifiers.calibrate import (
-    DEFAULT_MAX_TOKENS,
+    MAX_TOKENS,
+    REPEATS,
+    SAMPLES,
     load_pools,
     machine_profile,
     measure_with_progress,
+    measured_on,
     summary_table,
 )
 from classifiers.corpus import CORPUS_PATH, template_splits
@@ -91,8 +94,9 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--measured-with",
         metavar="MODEL",
-        help="with --from-log: the log was measured on this machine with this model; store its cost curve with "
-        "the classifier, so routers on other machines can carry the speedups over",
+        help="with --from-log: the log was measured with this model, on the machine its records name (else on "
+        "this one); store that machine's cost curve with the classifier, so routers on other machines can carry "
+        "the speedups over",
     )
     p.add_argument("--corpus", default=str(CORPUS_PATH), help="subtasks JSONL (default: the shipped corpus)")
     p.add_argument(
@@ -108,10 +112,13 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="measure a seeded random N of the corpus instead (the retest that bench route's noise ceiling reads)",
     )
-    p.add_argument("--max-tokens", type=int, default=DEFAULT_MAX_TOKENS, help="cap on each subtask's max_tokens")
-    p.add_argument("--repeats", type=int, default=2, help="runs per subtask, seed and pool; the fastest is kept")
+    p.add_argument("--max-tokens", type=int, default=MAX_TOKENS, help="cap on each subtask's max_tokens")
+    p.add_argument("--repeats", type=int, default=REPEATS, help="runs per subtask, seed and pool; the fastest is kept")
     p.add_argument(
-        "--samples", type=int, default=12, help="seeds per sampled subtask (temperature > 0); speedup over all of them"
+        "--samples",
+        type=int,
+        default=SAMPLES,
+        help="seeds per sampled subtask (temperature > 0); speedup over all of them",
     )
     p.add_argument(
         "--margin", type=float, default=DEFAULT_MARGIN, help=f"label: speedup >= margin (default {DEFAULT_MARGIN})"
@@ -167,7 +174,7 @@ def _measure(args: argparse.Namespace, console: Console) -> tuple[list[Measureme
     path = write_measurements(measured(), args.measurements, append=args.resume)
     console.print(summary_table(records, args.margin, time.perf_counter() - started))
     console.print(f"measurements written to {path}")
-    return records, machine_profile(args.model, args.device, args.dtype)
+    return records, machine_profile(args.model, measured_on(records), args.device, args.dtype)
 
 
 def _calibrate(args: argparse.Namespace) -> int:
@@ -183,7 +190,11 @@ def _calibrate(args: argparse.Namespace) -> int:
             console.print(f"[yellow]rejected {note}")
         unmeasured = sum(record.speedup is None for record in records)
         console.print(f"{len(records)} records read ({len(rejected)} rejected, {unmeasured} without a speedup)")
-        profile = machine_profile(args.measured_with, args.device, args.dtype) if args.measured_with else None
+        profile = (
+            machine_profile(args.measured_with, measured_on(records), args.device, args.dtype)
+            if args.measured_with
+            else None
+        )
     else:
         records, profile = _measure(args, console)
     summary: dict = {"records": len(records), "measurements": None if args.from_log else args.measurements}

@@ -35,6 +35,13 @@ def oracle_saved(saved: np.ndarray) -> float:
     return float(saved[saved > 0].sum())
 
 
+def oracle_share(saved: np.ndarray, routed: np.ndarray) -> float | None:
+    """The share of the oracle's saving that sending the ``routed`` subtasks (a mask) to DSpark saves; None where
+    the oracle saves nothing."""
+    oracle = oracle_saved(saved)
+    return float(saved[routed].sum()) / oracle if oracle > 0 else None
+
+
 def best_threshold(scores: np.ndarray, saved: np.ndarray) -> float:
     """The grid threshold whose routing (score >= threshold to DSpark) saves the most time; the lowest on a tie."""
     totals = [float(saved[scores >= threshold].sum()) for threshold in THRESHOLD_GRID]

@@ -31,7 +31,7 @@ from classifiers import DEFAULT_THRESHOLD
 from classifiers.features import RequestVectorizer
 
 FORMAT = "dspark-router/determinism-classifier"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 TRUSTED_TYPES = ["classifiers.features.RequestVectorizer"]
 
 

@@ -45,6 +45,8 @@ class Measurement(BaseModel):
     DSpark ``mean_accepted`` and ``same_output`` (its tokens equal the standard pool's).
     ``split``: train/val/test; records without one (live traffic) get a stable one from a hash of the request.
     ``kind`` and ``template``: the synthetic subtask's origin (:mod:`backends.subtasks`), when there is one.
+    ``machine``: the key of the machine the speedup was measured on (:func:`backends.dspark.profile.machine_key`):
+    speedups hold for the machine's cost curve, and a router elsewhere scales them by its own.
     """
 
     model_config = ConfigDict(extra="ignore")
@@ -56,6 +58,7 @@ class Measurement(BaseModel):
     split: Split | None = None
     kind: str | None = None
     template: str | None = None
+    machine: str | None = None
 
     @property
     def resolved_split(self) -> Split:

@@ -14,7 +14,7 @@ from backends.subtasks import generate_subtasks, write_jsonl
 from benchmarks.route import cross_validate
 from classifiers import DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
 from classifiers.model import DeterminismClassifier
-from classifiers.records import read_measurements
+from classifiers.records import read_measurements, write_measurements
 from router.cli import main
 from tests.test_dspark import perturbed_heads_model
 
@@ -77,9 +77,10 @@ def test_retraining_from_the_log_saves_a_classifier(trained):
     assert classifier.info["route_threshold_folds"] == 4 and 0.0 < classifier.threshold < 1.0  # one per template
 
 
-def test_retraining_from_a_log_measured_here_keeps_this_machines_curve(calibrated, trained, tmp_path):
-    """``--measured-with MODEL``: the curve stored with the model's drafters under this machine's key goes into
-    the classifier, for routers on other machines to carry its speedups over; without it there is none."""
+def test_retraining_from_a_log_keeps_the_curve_of_the_machine_that_measured_it(calibrated, trained, tmp_path):
+    """``--measured-with MODEL``: the curve stored with the model's drafters under the key of the machine the
+    records were measured on goes into the classifier, for routers on other machines to carry its speedups
+    over; records that name no machine were measured here; without the option there is no curve."""
     import torch
 
     from backends.dspark.profile import machine_key
@@ -87,14 +88,24 @@ def test_retraining_from_a_log_measured_here_keeps_this_machines_curve(calibrate
 
     root, measurements = calibrated
     model = root / "tiny-dspark"
-    key = machine_key(torch.device("cpu"), torch.float32)  # a tiny model runs in float32 on any CPU
-    (model / PROFILE_FILE).write_text(json.dumps({key: {"1": 50.0, "8": 40.0}}))
-    out, margin = tmp_path / "c.skops", trained[1]
-    args = ["calibrate", "--from-log", str(measurements), "--margin", repr(margin), "--out", str(out)]
-    assert main([*args, "--measured-with", str(model), "--device", "cpu"]) == 0
-    classifier = DeterminismClassifier.load(out)
-    assert classifier.info["calibration_profile"]["machine"] == key
-    assert classifier.calibration_curve.steps_per_s == {1: 50.0, 8: 40.0}
+    here = machine_key(torch.device("cpu"), torch.float32)  # a tiny model runs in float32 on any CPU
+    there = "cpu:Another CPU|torch.bfloat16|threads=8"
+    (model / PROFILE_FILE).write_text(json.dumps({here: {"1": 50.0, "8": 40.0}, there: {"1": 90.0, "8": 80.0}}))
+    records, _ = read_measurements(measurements)
+    assert {record.machine for record in records} == {here}  # calibrate names the machine it measured on
+    logs = {"here": tmp_path / "here.jsonl", "there": tmp_path / "there.jsonl", "unnamed": tmp_path / "none.jsonl"}
+    write_measurements(records, logs["here"])
+    write_measurements((r.model_copy(update={"machine": there}) for r in records), logs["there"])
+    write_measurements((r.model_copy(update={"machine": None}) for r in records), logs["unnamed"])
+    curves = {}
+    for name, log in logs.items():
+        out = tmp_path / f"{name}.skops"
+        args = ["calibrate", "--from-log", str(log), "--margin", repr(trained[1]), "--out", str(out)]
+        assert main([*args, "--measured-with", str(model), "--device", "cpu"]) == 0
+        classifier = DeterminismClassifier.load(out)
+        curves[name] = (classifier.info["calibration_profile"]["machine"], classifier.calibration_curve.steps_per_s)
+    assert curves["here"] == curves["unnamed"] == (here, {1: 50.0, 8: 40.0})
+    assert curves["there"] == (there, {1: 90.0, 8: 80.0})
     assert DeterminismClassifier.load(trained[0]).calibration_curve is None
 
 
@@ -137,15 +148,15 @@ def test_cross_validation_on_the_shipped_measurements_saves_time_against_the_sta
     """Template-grouped folds of the shipped measurements, refitted as calibrate fits: every template is held
     out once. On the default model DSpark's median speedup by kind is 0.67x (classification) to 1.53x (code
     edits): on held-out templates routing by the classifier must save time against the standard pool and come
-    within a tenth of sending everything to DSpark (over the 432 subtasks measured in blocks 0.91 of the oracle's
-    saving, as all-DSpark)."""
+    within a tenth of sending everything to DSpark (over the 432 subtasks measured in blocks 0.90 of the oracle's
+    saving, all-DSpark 0.91), and its expected-gain model must rank speedups it never saw (log correlation 0.66)."""
     records, _ = read_measurements(DEFAULT_MEASUREMENTS)
     summary = cross_validate(records, DEFAULT_MARGIN, threshold=None, folds=5)
     assert summary["folds"] == 5 and summary["subtasks"] == len(records)
     assert summary["oracle_gain_ratio_folds"] >= 1
     assert summary["oracle_gain_ratio_mean"] > 0.0
     assert summary["oracle_gain_ratio_mean"] >= 0.9 * summary["all_dspark_gain_ratio_mean"]
-    assert summary["gain_log_correlation"] > 0.0
+    assert summary["gain_log_correlation"] > 0.3
     by_kind = summary["by_kind"]
     assert sum(row["subtasks"] for row in by_kind.values()) == len(records)
     for row in by_kind.values():  # what was sent saves its gains and pays its losses; the rest was missed

@@ -13,6 +13,7 @@ from classifiers.features import (
     STRUCTURE_FEATURES,
     TEXT_HEAD_CHARS,
     TEXT_TAIL_CHARS,
+    TEXT_WEIGHT,
     RequestVectorizer,
     request_text,
     structure,
@@ -136,21 +137,20 @@ def test_text_is_system_and_last_user_message_bounded_in_length():
     assert len(request_text(long)) == TEXT_HEAD_CHARS + TEXT_TAIL_CHARS + 1
 
 
-def test_text_columns_are_hashing_vectorizers():
+def test_text_columns_are_a_hashing_vectorizer_at_the_text_weight():
     requests = [subtask.to_request_dict() for subtask in generate_subtasks(60, seed=5)]
     vectorizer = RequestVectorizer()
     rows = vectorizer.transform(requests)
     texts = [request_text(request) for request in requests]
     words = HashingVectorizer(n_features=vectorizer.word_features, ngram_range=(1, 2), alternate_sign=False)
-    chars = HashingVectorizer(
-        n_features=vectorizer.char_features, analyzer="char_wb", ngram_range=(3, 5), alternate_sign=False
-    )
-    split = vectorizer.word_features + vectorizer.char_features
-    assert abs(rows[:, : vectorizer.word_features] - words.transform(texts)).max() < 1e-12
-    assert abs(rows[:, vectorizer.word_features : split] - chars.transform(texts)).max() < 1e-12
-    structure_block = rows[:, split:].toarray()
+    expected = words.transform(texts) * TEXT_WEIGHT
+    assert abs(rows[:, : vectorizer.word_features] - expected).max() < 1e-12
+    structure_block = rows[:, vectorizer.word_features :].toarray()
     assert structure_block.shape[1] == len(STRUCTURE_FEATURES)
     assert structure_block.min() >= 0.0 and structure_block.max() <= 1.0
+    untexted = RequestVectorizer(text_weight=0.0).transform(requests)
+    assert untexted[:, : vectorizer.word_features].nnz == 0
+    assert abs(untexted - rows)[:, vectorizer.word_features :].max() == 0
 
 
 def test_what_a_request_says_about_its_answer():

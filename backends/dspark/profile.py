@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import statistics
 import time
 from collections.abc import Callable
@@ -25,7 +24,7 @@ from backends.default_model import drafters_for
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.published_decode import sample_block
 from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
-from backends.loading import LoadedModel, load_model
+from backends.loading import LoadedModel, cpu_name, load_model
 from backends.types import GenerationRequest
 
 CONTEXT_TOKENS = 64
@@ -34,7 +33,7 @@ CONTEXT_TOKENS = 64
 def machine_key(device: torch.device, dtype: torch.dtype) -> str:
     """What a stored curve is valid for: the device, the precision and this process's torch threads. The router
     computes it for a pool before any model is loaded, so it takes what ``load_model`` would resolve."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
     return f"{device.type}:{name}|{dtype}|threads={torch.get_num_threads()}"
 
 
