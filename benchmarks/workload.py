@@ -56,10 +56,11 @@ if TYPE_CHECKING:
 ROOT = Path(__file__).resolve().parents[1]
 
 DEFAULT_PROMPTS = ROOT.parent / "shared" / "data" / "prompts"
-# Sized for a 135M target on 2 cores (a request takes 2-3 s alone): about 15 minutes in all, 3 of them measuring
-# every request solo. Half-loaded, saturated and overloaded: 1x one worker's capacity is half of two workers'.
+# Sized for a 135M target on 2 cores (a request takes 2-4 s alone): 24 minutes in all on an EPYC in float32, 5 of
+# them measuring every request solo. Half-loaded, saturated and overloaded: 1x one worker's capacity is half of two
+# workers'. Two rounds, since one round of 12 arrivals left differences of 0.1-0.5 s within the noise.
 QUICK = {"items": 18, "requests": 8, "rounds": 1, "rates": (1.0, 4.0), "max_tokens": 32}
-FULL = {"items": 36, "requests": 12, "rounds": 1, "rates": (1.0, 2.0, 4.0), "max_tokens": 48}
+FULL = {"items": 36, "requests": 12, "rounds": 2, "rates": (1.0, 2.0, 4.0), "max_tokens": 48}
 PROFILE_REPEATS = 9
 WARMUP = {"messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 8, "temperature": 0.0}
 

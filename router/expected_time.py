@@ -65,8 +65,8 @@ def _profile(name: str, pool: PoolConfig) -> SpsCurve | None:
     """The pool's curve: ``auto`` reads the profile stored with the pool's drafters (``drafter_path``, else the
     model's, :func:`~backends.default_model.drafters_for`) when there is one; a named file must hold one. Of the
     curves of several machines, this machine's (device, precision and threads as the pool would load the model),
-    else the last one stored. Made monotone: a profile taken on a busy machine has slow outliers that would read
-    as cheap long forwards."""
+    else the closest (:func:`~backends.dspark.profile.closest_curve`). Made monotone: a profile taken on a busy
+    machine has slow outliers that would read as cheap long forwards."""
     setting = pool.load.profile
     if setting is None:
         return None
@@ -76,12 +76,14 @@ def _profile(name: str, pool: PoolConfig) -> SpsCurve | None:
     file = Path(setting) if explicit else Path(pool.drafter_path or drafters_for(pool.model)) / PROFILE_FILE
     if not explicit and not file.is_file():
         return None
-    from backends.dspark.profile import stored_curves
+    from backends.dspark.profile import closest_curve, stored_curves
 
     try:
         curves = stored_curves(file)
-        stored = curves.get(_machine_key(pool)) if pool.local else None
-        return SpsCurve.from_stored(stored or list(curves.values())[-1]).monotone()
+        stored = closest_curve(curves, _machine_key(pool) if pool.local else None)
+        if stored is None:
+            raise ValueError("no curve stored")
+        return SpsCurve.from_stored(stored).monotone()
     except (OSError, ValueError, TypeError, AttributeError, IndexError) as exc:
         raise ConfigError(
             f"pools.{name}.load.profile", f"{str(file)!r} holds no steps-per-second curve ({exc})"

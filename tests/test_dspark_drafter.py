@@ -341,3 +341,18 @@ def test_export_widens_a_draft_vocabulary_to_the_whole_one(qwen3_path, tmp_path)
     assert w2.shape[0] == config["vocab_size"]
     assert torch.equal(w2[subset], drafter.markov_head.markov_w2.weight.detach())
     assert not w2[1::2].any()
+
+
+def test_a_machine_without_its_own_curve_takes_the_closest():
+    """Another model of the same chip family runs the same precision alike: its curve beats one of another
+    precision; a machine like none stored takes the last stored, and an empty file gives none."""
+    from backends.dspark.profile import closest_curve
+
+    xeon, epyc = "cpu:Intel(R) Xeon(R) Processor|torch.bfloat16|threads=2", "cpu:AMD EPYC|torch.float32|threads=2"
+    curves = {xeon: {"1": 23.0}, epyc: {"1": 15.0}, "cpu:AMD EPYC|torch.float32|threads=1": {"1": 14.0}}
+    assert closest_curve(curves, xeon) == {"1": 23.0}
+    assert closest_curve(curves, "cpu:Intel(R) Xeon(R) Platinum 8480+|torch.bfloat16|threads=2") == {"1": 23.0}
+    assert closest_curve(curves, "cpu:Intel(R) Xeon(R) Platinum 8480+|torch.float32|threads=2") == {"1": 15.0}
+    assert closest_curve(curves, "cpu:Intel(R) Core(TM)|torch.bfloat16|threads=8") == {"1": 23.0}
+    assert closest_curve(curves, "cuda:NVIDIA H200|torch.float16|threads=8") == {"1": 14.0}
+    assert closest_curve(curves, None) == {"1": 14.0} and closest_curve({}, xeon) is None

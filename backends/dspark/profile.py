@@ -42,6 +42,20 @@ def stored_curves(file: Path) -> dict[str, dict[str, float]]:
     return json.loads(file.read_text()) if file.is_file() else {}
 
 
+def closest_curve(curves: dict[str, dict[str, float]], key: str | None) -> dict[str, float] | None:
+    """The curve stored under ``key``; else one of a machine of the same device type, precision and threads (the
+    same costs but for the chip's name: another model of Xeon runs bfloat16 on AMX alike); else one of the same
+    precision; else the last stored; None where nothing is."""
+    if key in curves:
+        return curves[key]
+    device, _, rest = (key or "").partition(":")
+    precision = rest.partition("|")[2]
+    alike = [k for k in curves if k.startswith(f"{device}:") and k.partition("|")[2] == precision]
+    same_dtype = [k for k in curves if k.partition("|")[2].partition("|")[0] == precision.partition("|")[0]]
+    chosen = [*alike, *same_dtype, *list(curves)[-1:]]
+    return curves[chosen[0]] if chosen else None
+
+
 def profiled_lengths(max_tokens: int) -> list[int]:
     """Every length up to 16 (one request's anchor plus draft), then a grid up to ``max_tokens`` (a whole batch:
     rows times anchor plus draft), between which :meth:`SpsCurve.at` interpolates."""
