@@ -32,6 +32,27 @@ def test_top_p_matches_the_full_sort(scale, top_p):
         assert ((probs > 0).sum(-1) > NUCLEUS_CANDIDATES).all()
 
 
+def test_a_pass_of_narrow_and_wide_rows_matches_the_full_sort_row_by_row():
+    """DSpark verifies several rows a pass: the rows whose nucleus lies past the candidates look further, the
+    others keep what their candidates gave, and every row is its own full-sort nucleus."""
+    generator = torch.Generator().manual_seed(4)
+    scales = torch.tensor([[8.0], [0.05], [3.0], [0.2]])
+    logits = torch.randn(4, 4096, generator=generator) * scales
+    probs = token_probs(logits, GenerationRequest(prompt="x", temperature=1.0, top_p=0.9))
+    assert torch.allclose(probs, _reference_top_p(logits, 1.0, 0.9), atol=1e-6)
+    kept = (probs > 0).sum(-1)
+    assert kept[0] < NUCLEUS_CANDIDATES < min(kept[1], kept[3])
+
+
+def test_tokens_tied_with_the_nucleus_floor_are_all_kept():
+    """Past the candidates the nucleus is every token at or above its smallest kept logit: tokens tied with it
+    are kept together, where a sort would keep whichever it happened to order first."""
+    logits = torch.zeros(1, 1000)
+    logits[0, :10] = 1.0  # ten equal tokens on top, then 990 tied at the floor
+    probs = token_probs(logits, GenerationRequest(prompt="x", temperature=1.0, top_p=0.5))
+    assert (probs > 0).sum() == 1000
+
+
 def test_top_k_and_top_p_together():
     logits = torch.randn(2048, generator=torch.Generator().manual_seed(3)) * 2
     probs = token_probs(logits, GenerationRequest(prompt="x", temperature=1.0, top_k=5, top_p=0.9))
