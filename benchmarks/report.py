@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from backends.default_model import DEFAULT_DRAFTERS
+from backends.dspark.profile import machine_parts
 from backends.loading import cpu_has_bf16, cpu_name
 
 PUBLISHED = Path(__file__).with_name("published.md")
@@ -231,7 +232,7 @@ def route(data: dict, results: Path, base: Path) -> str:
     if carried := data.get("carry_over"):
         parts.append(
             f"Carried to another machine: the same {carried['pairs']} subtasks measured on "
-            f"{_machine_name(carried['remeasured_on'])} against the labels' {_machine_name(carried['measured_on'])}. "
+            f"{machine_name(carried['remeasured_on'])} against the labels' {machine_name(carried['measured_on'])}. "
             f"The two machines' cost curves scale a speedup by {carried['carry_factor']:.2f}; measured there, log "
             f"speedups are off the labels by {carried['mean_log_ratio_measured']:+.2f} on average and off the "
             f"carried labels by {carried['mean_log_ratio_carried']:+.2f} (correlation "
@@ -244,10 +245,10 @@ def route(data: dict, results: Path, base: Path) -> str:
     return "\n\n".join([*parts, _image(results, "route.png", base, "ROC and score against measured speedup")])
 
 
-def _machine_name(key: str) -> str:
+def machine_name(key: str) -> str:
     """A machine key (``cpu:NAME|torch.DTYPE|threads=N``) as words: 'NAME in DTYPE'."""
-    device, dtype, _ = key.split("|")
-    return f"{device.split(':', 1)[-1]} in {dtype.removeprefix('torch.')}"
+    _, chip, precision, _ = machine_parts(key)
+    return f"{chip} in {precision.removeprefix('torch.')}"
 
 
 def workload(data: dict, results: Path, base: Path) -> str:

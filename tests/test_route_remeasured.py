@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from benchmarks.report import _machine_name
+from benchmarks.report import machine_name
 from benchmarks.route_remeasured import carry_over, noise_ceiling
 from classifiers.records import Measurement
 
@@ -69,4 +69,4 @@ def test_carry_over_needs_two_machines_with_curves(profiles):
 
 
 def test_a_machine_key_reads_as_words():
-    assert _machine_name(THERE) == "Dear Verify CPU in float32"
+    assert machine_name(THERE) == "Dear Verify CPU in float32"

@@ -42,17 +42,26 @@ def stored_curves(file: Path) -> dict[str, dict[str, float]]:
     return json.loads(file.read_text()) if file.is_file() else {}
 
 
+def machine_parts(key: str) -> tuple[str, str, str, str]:
+    """(device type, chip name, precision, threads) of a :func:`machine_key`; empty strings where a key written
+    some other way lacks a part."""
+    device_chip, _, rest = key.partition("|")
+    device, _, chip = device_chip.partition(":")
+    precision, _, threads = rest.partition("|")
+    return device, chip, precision, threads
+
+
 def closest_curve(curves: dict[str, dict[str, float]], key: str | None) -> dict[str, float] | None:
     """The curve stored under ``key``; else one of a machine of the same device type, precision and threads (the
     same costs but for the chip's name: another model of Xeon runs bfloat16 on AMX alike); else one of the same
     precision; else the last stored; None where nothing is."""
     if key in curves:
         return curves[key]
-    device, _, rest = (key or "").partition(":")
-    precision = rest.partition("|")[2]
-    alike = [k for k in curves if k.startswith(f"{device}:") and k.partition("|")[2] == precision]
-    same_dtype = [k for k in curves if k.partition("|")[2].partition("|")[0] == precision.partition("|")[0]]
-    chosen = [*alike, *same_dtype, *list(curves)[-1:]]
+    device, _, precision, threads = machine_parts(key or "")
+    parts = {stored: machine_parts(stored) for stored in curves}
+    alike = [k for k, (d, _, p, t) in parts.items() if (d, p, t) == (device, precision, threads)]
+    same_precision = [k for k, (_, _, p, _) in parts.items() if p == precision]
+    chosen = [*alike, *same_precision, *list(curves)[-1:]]
     return curves[chosen[0]] if chosen else None
 
 
