@@ -44,11 +44,11 @@ SUITE: tuple[Step, ...] = (
     Step(
         "decode",
         (
-            *("--prompts", PROMPTS, "--per-set", "5", "--sampled-sets", "humaneval,mbpp", "--per-category", "4"),
+            *("--prompts", PROMPTS, "--per-set", "3", "--sampled-sets", "humaneval,mbpp", "--per-category", "3"),
             *("--json", "{results}/decode.json", "--plots", "{results}/decode"),
         ),
     ),
-    Step("structured", ("--limit", "24", "--max-tokens", "160", "--json", "{results}/structured.json")),
+    Step("structured", ("--limit", "16", "--max-tokens", "160", "--json", "{results}/structured.json")),
     Step("route", ("--json", "{results}/route.json", "--plot", "{results}/route.png")),
     Step(
         "batching",
