@@ -10,10 +10,10 @@ copies its answer from the prompt. So a request becomes two blocks of one sparse
 * hashed word 1-2-grams of the system and last user message, at a tenth of the weight (:data:`TEXT_WEIGHT`).
 
 The wording is weighed down because it is what carries least to requests never seen. Over five folds of the
-calibration corpus held out by template (``bench route``, its first 432 labels), n-grams at full weight ranked "DSpark faster" at AUROC
-0.73 with the expected-gain model's log correlation 0.57; the structure block alone 0.77 and 0.63; words at a
-tenth 0.77 and 0.66, the best of both. Character 3-5-grams, once a third block, added nothing at any weight and
-cost ~90 µs of a ~300 µs call on a 2-core EPYC, so they are gone.
+calibration corpus held out by template (``bench route``, its first 432 labels), n-grams at full weight ranked
+"DSpark faster" at AUROC 0.73 with the expected-gain model's log correlation 0.57; the structure block alone 0.77
+and 0.63; words at a tenth 0.77 and 0.66, the best of both. Character 3-5-grams, once a third block, added
+nothing at any weight and cost ~90 µs of a ~300 µs call on a 2-core EPYC, so they are gone.
 
 The word block uses :class:`~sklearn.feature_extraction.text.HashingVectorizer`'s analyser and hash (signed
 MurmurHash3, ``abs(h) % n_features``, counts, l2 norm) but not its ``transform``, whose per-call checks cost ~300

@@ -142,7 +142,14 @@ class Row(NamedTuple):
 
 
 def decision_cell(d: Decision) -> str:
-    why = f"score {d.score:.2f}" if d.rule == "classifier" else d.rule
+    if d.rule == "classifier":
+        why = f"score {d.score:.2f}"
+    elif d.rule == "time_saved" and d.load:
+        # The speedup expected at DSpark's load when the request came, which is what decided, not the solo one.
+        now = next(seen.speedup for seen in d.load.values() if seen.speedup is not None)
+        why = f"expects {now:.2f}x"
+    else:
+        why = d.rule
     flags = [name for name in ("explored", "overflowed", "fell_back") if getattr(d, name)]
     return why + (f" ({', '.join(flags)})" if flags else "")
 

@@ -63,3 +63,20 @@ def test_agent_pipeline_reports_a_missing_model(tmp_path, router_models, capsys)
     data["pools"]["dspark"]["model"] = str(tmp_path / "not-trained-yet")
     assert example("agent_pipeline").main(["--config", str(write_config(tmp_path / "r.yaml", data))]) == 2
     assert "pools.dspark.model" in capsys.readouterr().out
+
+
+def test_the_example_shows_the_speedup_that_decided_a_load_aware_route():
+    """Under ``time_saved`` a request expected to gain 1.30x alone may still go to the standard pool when DSpark's
+    batch is full; the table must show the 0.95x that sent it there, not the 1.30x that did not decide."""
+    from router.decisions import Decision, PoolSeen
+
+    seen = {
+        "dspark": PoolSeen(depth=16, running=16, workers=1, max_batch=16, batch=16, speedup=0.95, expected_s=3.0),
+        "standard": PoolSeen(depth=0, running=0, workers=1, max_batch=16, batch=1, expected_s=2.0),
+    }
+    loaded = Decision(
+        pool="standard", policy_pool="standard", rule="time_saved", reason="", expected_speedup=1.3, load=seen
+    )
+    assert example("agent_pipeline").decision_cell(loaded) == "expects 0.95x"
+    scored = Decision(pool="dspark", policy_pool="dspark", rule="classifier", reason="", score=0.5)
+    assert example("agent_pipeline").decision_cell(scored) == "score 0.50"

@@ -315,3 +315,49 @@ def test_a_redis_pool_reports_the_load_its_workers_heartbeat(redis_url):
     client.xadd(keys.jobs, {"job": "{}"})
     time.sleep(0.3)  # past the cache of the workers' heartbeats
     assert pool.load() == PoolLoad(depth=1, running=4, workers=2, max_batch=4)
+
+
+def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_routes_on():
+    """The shipped classifier's speedups were measured in bfloat16 on a Xeon with AMX, where verifying 4 tokens
+    costs 1.06 steps; in float32 on an AMD EPYC it costs 1.8. A greedy one-sentence answer it expects 1.26x from
+    goes to DSpark on the first machine and to the standard pool on the second under the embedded default
+    (``time_saved``), while the threshold objective, whose score no curve carries, sends it to DSpark on both."""
+    from backends.default_model import DEFAULT_DRAFTERS
+    from backends.dspark.profile import stored_curves
+    from classifiers import load_default
+    from router.config import load_config
+    from router.expected_time import scaled_speedup
+
+    shipped = load_default()
+    curves = {
+        key: SpsCurve.from_stored(curve).monotone()
+        for key, curve in stored_curves(DEFAULT_DRAFTERS / PROFILE_FILE).items()
+    }
+    xeon = curves["cpu:Intel(R) Xeon(R) Processor|torch.bfloat16|threads=2"]
+    epyc = curves["cpu:AMD EPYC|torch.float32|threads=2"]
+    question = (
+        "Context: Mila Jensen is a 31-year-old chef from Lisbon. Question: What is the city? Answer in one sentence."
+    )
+    request = {
+        "messages": [
+            {"role": "system", "content": "Answer using only the given context."},
+            {"role": "user", "content": question},
+        ],
+        "temperature": 0,
+    }
+    expected = shipped.expected_speedup(request)
+    assert scaled_speedup(expected, xeon, epyc) < 1.0 < expected  # the case the objective decides
+    embedded = load_config(check_paths=False).policy
+    assert embedded.objective == "time_saved"
+
+    def routed(config: PolicyConfig, here: SpsCurve) -> str:
+        estimator = LoadEstimator(
+            PoolSide("dspark", lambda: IDLE, PoolCost(sps=here)), PoolSide("standard", lambda: IDLE, PoolCost(sps=here))
+        )
+        chosen = Policy(config.model_copy(update={"explore": 0.0}), shipped, estimator)
+        return chosen.decide(parse_openai_args(request, POOLS)).pool
+
+    assert routed(embedded, xeon) == "dspark"
+    assert routed(embedded, epyc) == "standard"
+    by_score = embedded.model_copy(update={"objective": "threshold"})
+    assert routed(by_score, xeon) == routed(by_score, epyc) == "dspark"
