@@ -36,8 +36,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # Every benchmark with the published arguments (benchmarks/suite.py), JSON and plots into benchmarks/results,
-# then BENCHMARKS.md rendered from them. About an hour on 2 cores with AMX, more without (seconds per benchmark in
-# benchmarks/results/suite.json); `dspark-router bench all --only NAME` for one.
+# then BENCHMARKS.md rendered from them. About 50 minutes on 2 cores with AMX, more without (seconds per benchmark
+# in benchmarks/results/suite.json); `dspark-router bench all --only NAME` for one.
 bench: $(STAMP) $(MODEL)/converted_from.json
 	$(BIN)/dspark-router bench all
 
