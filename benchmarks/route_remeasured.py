@@ -3,7 +3,7 @@ another machine (how well speedups carry over from one machine's cost curve to a
 
 Both are ceilings on what ``bench route`` can show, not properties of the classifier: a router can learn a label
 no better than it repeats, and a classifier measured on one machine routes another only as well as the scaling
-by the two machines' cost curves (:func:`router.expected_time.scaled_speedup`) carries its speedups over.
+by the two machines' cost curves (:func:`backends.dspark.scheduler.scaled_speedup`) carries its speedups over.
 """
 
 from __future__ import annotations
@@ -15,11 +15,10 @@ from typing import Any
 import numpy as np
 
 from backends.dspark.profile import stored_curves
-from backends.dspark.scheduler import SpsCurve
+from backends.dspark.scheduler import SpsCurve, scaled_speedup
 from classifiers.calibrate import measured_on
 from classifiers.gain import oracle_share, time_saved
 from classifiers.records import Measurement
-from router.expected_time import scaled_speedup
 
 MIN_PAIRS = 3
 

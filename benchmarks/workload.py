@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from backends.default_model import DEFAULT_MODEL
-from backends.dspark.scheduler import SpsCurve
+from backends.dspark.scheduler import SpsCurve, scaled_speedup
 from backends.errors import InvalidRequestError
 from backends.progress import JobProgress
 from backends.types import GenerationRequest
@@ -47,7 +47,6 @@ from benchmarks.workload_policies import POLICIES, OracleScorer, build_router, c
 from benchmarks.workload_stats import Outcome, compare, summarise
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS
 from router import Router
-from router.expected_time import scaled_speedup
 
 if TYPE_CHECKING:
     from backends.local import LocalBackend

@@ -35,7 +35,7 @@ from backends.autoregressive import AutoregressiveBackend
 from backends.default_model import drafters_for
 from backends.dspark.backend import DSparkBackend
 from backends.dspark.profile import machine_key, stored_curves
-from backends.dspark.scheduler import PROFILE_FILE
+from backends.dspark.scheduler import PROFILE_FILE, SpsCurve, scaled_speedup
 from backends.errors import InvalidRequestError
 from backends.loading import resolve_device, resolve_dtype
 from backends.local import LocalBackend
@@ -183,6 +183,31 @@ def measured_on(records: Sequence[Measurement]) -> str | None:
     """The machine most of the measured records name, or None where none names one."""
     machines = Counter(r.machine for r in records if r.speedup is not None and r.machine is not None)
     return machines.most_common(1)[0][0] if machines else None
+
+
+def carried_to(
+    records: Sequence[Measurement], machine: str, curves: dict[str, dict[str, float]]
+) -> tuple[list[Measurement], Counter[str], Counter[str]]:
+    """The records with every speedup as it would be on ``machine``, so one classifier learns one machine's
+    speedups: a record measured elsewhere is scaled by the two machines' cost curves (``curves``, as stored with
+    the drafters), as the router carries speedups at decision time; one whose machine has no stored curve is left
+    out, since nothing puts its speedup in the same units. Records naming no machine count as ``machine``'s.
+    Returns the records kept and, by machine, how many were carried and how many left out."""
+    here = SpsCurve.from_stored(curves[machine]).monotone()
+    kept: list[Measurement] = []
+    carried: Counter[str] = Counter()
+    left_out: Counter[str] = Counter()
+    for record in records:
+        if record.speedup is None or record.machine in (None, machine):
+            kept.append(record)
+        elif record.machine in curves:
+            there = SpsCurve.from_stored(curves[record.machine]).monotone()
+            speedup = scaled_speedup(record.speedup, there, here)
+            kept.append(record.model_copy(update={"speedup": speedup, "machine": machine}))
+            carried[record.machine] += 1
+        else:
+            left_out[record.machine] += 1
+    return kept, carried, left_out
 
 
 def _seconds_per_forward(stats: dict[str, dict]) -> dict[str, float]:

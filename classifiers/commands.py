@@ -20,6 +20,9 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from backends.default_model import drafters_for
+from backends.dspark.profile import stored_curves
+from backends.dspark.scheduler import PROFILE_FILE
 from backends.errors import InvalidRequestError
 from backends.subtasks import read_jsonl
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
@@ -27,6 +30,7 @@ from classifiers.calibrate import (
     MAX_TOKENS,
     REPEATS,
     SAMPLES,
+    carried_to,
     load_pools,
     machine_profile,
     measure_with_progress,
@@ -96,7 +100,7 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
         metavar="MODEL",
         help="with --from-log: the log was measured with this model, on the machine its records name (else on "
         "this one); store that machine's cost curve with the classifier, so routers on other machines can carry "
-        "the speedups over",
+        "the speedups over; where the records name several machines, carry theirs to the one most name",
     )
     p.add_argument("--corpus", default=str(CORPUS_PATH), help="subtasks JSONL (default: the shipped corpus)")
     p.add_argument(
@@ -177,6 +181,35 @@ def _measure(args: argparse.Namespace, console: Console) -> tuple[list[Measureme
     return records, machine_profile(args.model, measured_on(records), args.device, args.dtype)
 
 
+def _on_one_machine(records: list[Measurement], model: str | None, console: Console) -> list[Measurement]:
+    """Records measured on several machines (a decision log gathered across a fleet, a corpus resumed on another
+    machine) with every speedup carried to the machine most of them name, by the cost curves stored with
+    ``model``'s drafters: speedups from a bfloat16 machine with AMX and a float32 one differ twofold, so a
+    classifier fitted on both as measured would learn the machines, not the requests."""
+    machines = sorted({r.machine for r in records if r.speedup is not None and r.machine is not None})
+    if len(machines) < 2:
+        return records
+    if model is None:
+        raise InvalidRequestError(
+            f"the records were measured on {len(machines)} machines ({'; '.join(machines)}): pass --measured-with "
+            "MODEL to carry their speedups to one machine by the cost curves stored with its drafters",
+            param="measured_with",
+        )
+    target = measured_on(records)
+    curves = stored_curves(drafters_for(model) / PROFILE_FILE)
+    if target not in curves:
+        raise InvalidRequestError(
+            f"no cost curve of {target} is stored with {model}'s drafters, so no speedup can be carried to it",
+            param="measured_with",
+        )
+    kept, carried, left_out = carried_to(records, target, curves)
+    for machine, count in carried.items():
+        console.print(f"carried {count} speedups from {machine} to {target}")
+    for machine, count in left_out.items():
+        console.print(f"[yellow]left out {count} records of {machine}: no cost curve of it is stored")
+    return kept
+
+
 def _calibrate(args: argparse.Namespace) -> int:
     from classifiers.train import train
 
@@ -199,6 +232,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         records, profile = _measure(args, console)
     summary: dict = {"records": len(records), "measurements": None if args.from_log else args.measurements}
     if not args.measure_only:
+        records = _on_one_machine(records, args.measured_with if args.from_log else args.model, console)
         classifier = train(records, args.margin, profile)
         summary |= {"classifier": str(classifier.save(args.out)), **classifier.info}
         console.print(f"classifier saved to {args.out}")

@@ -31,14 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.default_model import drafters_for
-from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
+from backends.dspark.scheduler import DEFAULT_VERIFY_TOKENS, PROFILE_FILE, SpsCurve, scaled_speedup
 from router.config import PoolConfig, RouterConfig
 from router.decisions import PoolSeen
 from router.errors import ConfigError
 from router.load import PoolLoad
-
-DEFAULT_VERIFY_TOKENS = 4.0
-"""k + 1 for a DSpark pool before it has decoded a request alone: the span heads' longest span."""
 
 
 @dataclass(frozen=True)
@@ -191,24 +188,6 @@ class LoadEstimator:
             speedup=speedup,
             expected_s=expected,
         )
-
-
-def scaled_speedup(
-    solo: float,
-    measured_on: SpsCurve,
-    here: SpsCurve,
-    batch: int = 1,
-    verify: float = DEFAULT_VERIFY_TOKENS,
-    draft_s: float = 0.0,
-) -> float:
-    """A solo speedup measured on the machine of ``measured_on`` as it is expected ``here`` at a batch of
-    ``batch``: s * SPS_m(1) * round_m(1) / (round_h(b) * SPS_h(b)), round(b) = 1/SPS(b * verify) + b * draft_s
-    (see :meth:`LoadEstimator._speedup_at`)."""
-
-    def round_s(curve: SpsCurve, rows: int) -> float:
-        return 1.0 / curve.at(max(rows, round(rows * verify))) + rows * draft_s
-
-    return solo * measured_on.at(1) * round_s(measured_on, 1) / (round_s(here, batch) * here.at(batch))
 
 
 def _time(seen: PoolSeen) -> float:

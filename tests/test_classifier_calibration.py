@@ -109,6 +109,44 @@ def test_retraining_from_a_log_keeps_the_curve_of_the_machine_that_measured_it(c
     assert DeterminismClassifier.load(trained[0]).calibration_curve is None
 
 
+def test_speedups_from_several_machines_are_carried_to_one_before_training(calibrated, trained, tmp_path, capsys):
+    """A log gathered on two machines trains on one machine's speedups: the minority's are scaled by the two
+    stored cost curves (as the router carries them), records of a machine with no stored curve are left out, and
+    without ``--measured-with`` to find the curves the mix is refused by name rather than learnt as it is."""
+    import torch
+
+    from backends.dspark.profile import machine_key, stored_curves
+    from backends.dspark.scheduler import PROFILE_FILE, SpsCurve, scaled_speedup
+    from classifiers.calibrate import carried_to
+
+    root, measurements = calibrated
+    model = root / "tiny-dspark"
+    here = machine_key(torch.device("cpu"), torch.float32)
+    there, unknown = "cpu:Another CPU|torch.bfloat16|threads=8", "cpu:Unprofiled CPU|torch.float32|threads=2"
+    (model / PROFILE_FILE).write_text(json.dumps({here: {"1": 50.0, "8": 40.0}, there: {"1": 90.0, "8": 80.0}}))
+    records, _ = read_measurements(measurements)
+    elsewhere = [r.model_copy(update={"machine": there}) for r in records[:3]]
+    mixed = [*records, *elsewhere, records[3].model_copy(update={"machine": unknown})]
+
+    kept, carried, left_out = carried_to(mixed, here, stored_curves(model / PROFILE_FILE))
+    assert (dict(carried), dict(left_out), len(kept)) == ({there: 3}, {unknown: 1}, len(records) + 3)
+    curve = {name: SpsCurve({1: rates[0], 8: rates[1]}) for name, rates in ((here, (50, 40)), (there, (90, 80)))}
+    for original, moved in zip(elsewhere, kept[len(records) :], strict=True):
+        assert moved.machine == here
+        assert moved.speedup == pytest.approx(scaled_speedup(original.speedup, curve[there], curve[here]))
+        assert moved.speedup < original.speedup  # verifying costs relatively more here than there
+
+    log = tmp_path / "mixed.jsonl"
+    write_measurements(mixed, log)
+    args = ["calibrate", "--from-log", str(log), "--margin", repr(trained[1]), "--out", str(tmp_path / "c.skops")]
+    assert main(args) == 2
+    assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["error"]["param"] == "measured_with"
+    assert main([*args, "--measured-with", str(model), "--device", "cpu"]) == 0
+    err = capsys.readouterr().err
+    assert f"carried 3 speedups from {there}" in err and "left out 1 records" in err
+    assert DeterminismClassifier.load(tmp_path / "c.skops").info["calibration_profile"]["machine"] == here
+
+
 def test_score_prints_the_score(trained, tmp_path, capsys):
     out, margin = trained
     request = tmp_path / "request.json"

@@ -324,9 +324,9 @@ def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_rou
     (``time_saved``), while the threshold objective, whose score no curve carries, sends it to DSpark on both."""
     from backends.default_model import DEFAULT_DRAFTERS
     from backends.dspark.profile import stored_curves
+    from backends.dspark.scheduler import scaled_speedup
     from classifiers import load_default
     from router.config import load_config
-    from router.expected_time import scaled_speedup
 
     shipped = load_default()
     curves = {

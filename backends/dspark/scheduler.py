@@ -21,6 +21,8 @@ TIE = 1e-9
 """Relative margin below which tau * SPS counts as not improved: a compute-bound forward ties exactly, in theory."""
 PROFILE_FILE = "dspark_sps.json"
 """Beside the model: one stored curve per machine key (``backends/dspark/profile.py``), read by the router too."""
+DEFAULT_VERIFY_TOKENS = 4.0
+"""k + 1 for a DSpark pool before it has decoded a request alone: the span heads' longest span."""
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,24 @@ class SpsCurve:
         share = (tokens - lower) / (upper - lower)
         seconds = (1 - share) / self.steps_per_s[lower] + share / self.steps_per_s[upper]
         return 1.0 / seconds
+
+
+def scaled_speedup(
+    solo: float,
+    measured_on: SpsCurve,
+    here: SpsCurve,
+    batch: int = 1,
+    verify: float = DEFAULT_VERIFY_TOKENS,
+    draft_s: float = 0.0,
+) -> float:
+    """A solo speedup measured on the machine of ``measured_on`` as it is expected ``here`` at a batch of
+    ``batch``: s * SPS_m(1) * round_m(1) / (round_h(b) * SPS_h(b)), round(b) = 1/SPS(b * verify) + b * draft_s
+    (see :meth:`router.expected_time.LoadEstimator._speedup_at`)."""
+
+    def round_s(curve: SpsCurve, rows: int) -> float:
+        return 1.0 / curve.at(max(rows, round(rows * verify))) + rows * draft_s
+
+    return solo * measured_on.at(1) * round_s(measured_on, 1) / (round_s(here, batch) * here.at(batch))
 
 
 def choose_lengths(survival: Sequence[Sequence[float]], sps: SpsCurve, rows: int | None = None) -> list[int]:
