@@ -14,8 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.dspark.profile import stored_curves
-from backends.dspark.scheduler import SpsCurve, scaled_speedup
+from backends.dspark.profile import carry_factor, stored_curves
 from classifiers.calibrate import measured_on
 from classifiers.gain import oracle_share, time_saved
 from classifiers.records import Measurement
@@ -78,8 +77,7 @@ def carry_over(
     curves = stored_curves(profiles)
     if len(pairs) < MIN_PAIRS or None in machines or machines[0] == machines[1] or not set(machines) <= set(curves):
         return None
-    source, here = (SpsCurve.from_stored(curves[machine]).monotone() for machine in machines)
-    factor = scaled_speedup(1.0, source, here)
+    factor = carry_factor(curves, *machines)
     measured = np.log([a.speedup for a, _ in pairs])
     carried = measured + np.log(factor)
     there = np.log([b.speedup for _, b in pairs])

@@ -34,8 +34,8 @@ from rich.table import Table
 from backends.autoregressive import AutoregressiveBackend
 from backends.default_model import drafters_for
 from backends.dspark.backend import DSparkBackend
-from backends.dspark.profile import machine_key, stored_curves
-from backends.dspark.scheduler import PROFILE_FILE, SpsCurve, scaled_speedup
+from backends.dspark.profile import carry_factor, machine_key, stored_curves
+from backends.dspark.scheduler import PROFILE_FILE
 from backends.errors import InvalidRequestError
 from backends.loading import resolve_device, resolve_dtype
 from backends.local import LocalBackend
@@ -193,16 +193,15 @@ def carried_to(
     the drafters), as the router carries speedups at decision time; one whose machine has no stored curve is left
     out, since nothing puts its speedup in the same units. Records naming no machine count as ``machine``'s.
     Returns the records kept and, by machine, how many were carried and how many left out."""
-    here = SpsCurve.from_stored(curves[machine]).monotone()
+    factors = {elsewhere: carry_factor(curves, elsewhere, machine) for elsewhere in curves}
     kept: list[Measurement] = []
     carried: Counter[str] = Counter()
     left_out: Counter[str] = Counter()
     for record in records:
         if record.speedup is None or record.machine in (None, machine):
             kept.append(record)
-        elif record.machine in curves:
-            there = SpsCurve.from_stored(curves[record.machine]).monotone()
-            speedup = scaled_speedup(record.speedup, there, here)
+        elif record.machine in factors:
+            speedup = record.speedup * factors[record.machine]
             kept.append(record.model_copy(update={"speedup": speedup, "machine": machine}))
             carried[record.machine] += 1
         else:

@@ -23,7 +23,7 @@ from transformers import DynamicCache
 from backends.default_model import drafters_for
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.published_decode import sample_block
-from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
+from backends.dspark.scheduler import PROFILE_FILE, SpsCurve, scaled_speedup
 from backends.loading import LoadedModel, cpu_name, load_model
 from backends.types import GenerationRequest
 
@@ -63,6 +63,13 @@ def closest_curve(curves: dict[str, dict[str, float]], key: str | None) -> dict[
     same_precision = [k for k, (_, _, p, _) in parts.items() if p == precision]
     chosen = [*alike, *same_precision, *list(curves)[-1:]]
     return curves[chosen[0]] if chosen else None
+
+
+def carry_factor(curves: dict[str, dict[str, float]], measured_on: str, here: str) -> float:
+    """What a solo speedup measured on machine ``measured_on`` is multiplied by on machine ``here``, from their
+    stored curves: :func:`~backends.dspark.scheduler.scaled_speedup` at a batch of one, which is linear in it."""
+    there_curve, here_curve = (SpsCurve.from_stored(curves[machine]).monotone() for machine in (measured_on, here))
+    return scaled_speedup(1.0, there_curve, here_curve)
 
 
 def profiled_lengths(max_tokens: int) -> list[int]:
