@@ -242,7 +242,44 @@ def route(data: dict, results: Path, base: Path) -> str:
             f"{carried['carried_oracle_gain_ratio']:.2f} of that machine's oracle (by the labels as measured "
             f"{carried['measured_oracle_gain_ratio']:.2f}, all-DSpark {carried['all_dspark_gain_ratio']:.2f})."
         )
+    parts += [_replayed(data[name], what) for name, what in REPLAYS if data.get(name)]
     return "\n\n".join([*parts, _image(results, "route.png", base, "ROC and score against measured speedup")])
+
+
+REPLAYS = (
+    ("online", "the test split's templates"),
+    ("new_mix", "hand-written agent requests the corpus generator never wrote"),
+)
+
+
+def _replayed(replay: dict, what: str) -> str:
+    """One sentence on routing while retraining from a shadow log (:mod:`benchmarks.route_online`)."""
+
+    def ratio(name: str) -> str:
+        value = replay.get(name)
+        return "n/a" if value is None else f"{value:.3f}"
+
+    machine = replay.get("machine")
+    measured = f", measured on {machine_name(machine)}" if machine else ""
+    carried = f" (its {replay['carried']} speedups carried there by the cost curves)" if replay.get("carried") else ""
+    if "dspark_faster_share" in replay:
+        measured += (
+            f", where DSpark is faster on {replay['dspark_faster_share']:.0%} of them (median speedup "
+            f"{replay['median_speedup']:.2f}x; the corpus carried there: {replay['corpus_dspark_faster_share']:.0%}, "
+            f"{replay['corpus_median_speedup']:.2f}x)"
+        )
+    return (
+        f"Learning from live traffic, {what}: {replay['subtasks']} requests{measured}, replayed in "
+        f"{len(replay['orders'])} seeded orders. {replay['shadow']:.0%} of them are measured on both pools and "
+        f"logged, and the classifier, fitted on the corpus{carried}, is retrained every {replay['batch']} "
+        "requests; each request is routed by the classifier of before it arrived. Time taken over the oracle's "
+        f"(each request on the pool it was sent to): retrained {ratio('time_over_oracle_mean')} (second half "
+        f"{ratio('second_half_time_over_oracle_mean')}), static {ratio('static_time_over_oracle')} (second half "
+        f"{ratio('static_second_half_time_over_oracle_mean')}), all-DSpark {ratio('all_dspark_time_over_oracle')}, "
+        f"all-standard {ratio('all_standard_time_over_oracle')}. Share of the oracle's saving: retrained "
+        f"{ratio('oracle_gain_ratio_mean')}, static {ratio('static_oracle_gain_ratio')}, all-DSpark "
+        f"{ratio('all_dspark_gain_ratio')}."
+    )
 
 
 def machine_name(key: str) -> str:

@@ -13,12 +13,13 @@ On the test split of the measurements (templates the classifier was not fitted o
   each fold held out in turn while :func:`classifiers.train.train` refits on the rest, threshold included (so
   the threshold is chosen without the fold it is judged on): one test split of a few templates per kind swings
   with which templates it drew, the mean and spread over folds do not;
-* ``online``: what retraining from the router's own log (``calibrate --from-log``) adds on templates it never
-  saw: the test subtasks arrive in a seeded order, a ``--online-shadow`` share of them is measured on both
-  pools (as ``policy.shadow`` does) and logged like live traffic (no split, no template), and every
-  ``--online-batch`` requests the classifier is retrained on its measurements plus the log. Each request is
-  routed by the classifier of before it arrived. Not the target's metric: the target is for a classifier
-  that has never seen these templates;
+* ``online`` (:mod:`benchmarks.route_online`): what retraining from the router's own log (``calibrate
+  --from-log``) adds on templates it never saw: a ``--online-shadow`` share of the test subtasks, arriving in
+  seeded orders, is measured on both pools and logged like live traffic, and every ``--online-batch`` requests the
+  classifier is retrained on its measurements plus the log. Not the target's metric: the target is for a
+  classifier that has never seen these templates;
+* ``new_mix``: the same on a request mix the generator never wrote (``--new-mix``: hand-written agent requests),
+  fitted on the whole corpus: whether the log teaches the classifier traffic unlike what it was fitted on;
 * ``cross_validation.gain_log_correlation``: the expected-gain model's predictions against the measured
   speedups, each out of fold; ``cross_validation.by_kind``: where routing saves, misses and loses time;
 * ``noise_ceiling`` and ``carry_over`` (:mod:`benchmarks.route_remeasured`): the same subtasks measured again,
@@ -43,8 +44,15 @@ from backends.default_model import DEFAULT_DRAFTERS
 from backends.dspark.scheduler import PROFILE_FILE
 from backends.errors import InvalidRequestError
 from benchmarks.output import write_json
+from benchmarks.route_online import new_mix, online
 from benchmarks.route_remeasured import carry_over, noise_ceiling
-from classifiers import DEFAULT_CARRY_OVER, DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS, DEFAULT_RETEST
+from classifiers import (
+    DEFAULT_AGENT_MIX_MEASUREMENTS,
+    DEFAULT_CARRY_OVER,
+    DEFAULT_CLASSIFIER,
+    DEFAULT_MEASUREMENTS,
+    DEFAULT_RETEST,
+)
 from classifiers.gain import oracle_saved, oracle_share, standard_times, time_saved
 from classifiers.records import Measurement, read_measurements
 
@@ -66,6 +74,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--online-shadow", type=float, default=0.2, help="share of the stream measured and logged")
     p.add_argument("--online-batch", type=int, default=20, help="requests between retrainings (0: skip online)")
     p.add_argument("--online-orders", type=int, default=3, help="seeded arrival orders to average over")
+    p.add_argument(
+        "--new-mix",
+        default=str(DEFAULT_AGENT_MIX_MEASUREMENTS),
+        help="measurements of a request mix the corpus never held, replayed like --online; 'none' to skip",
+    )
     p.add_argument(
         "--retest",
         default=str(DEFAULT_RETEST),
@@ -190,59 +203,6 @@ def routing_by_kind(records: Sequence[Measurement], routed: np.ndarray, log_pred
     return table
 
 
-def online(
-    classifier: DeterminismClassifier,
-    fitted: Sequence[Measurement],
-    stream: Sequence[Measurement],
-    shadow: float,
-    batch: int,
-    orders: int,
-) -> dict[str, Any]:
-    """Time saved over the oracle's on ``stream`` while the classifier is retrained from a shadow-measured log
-    every ``batch`` requests, for ``orders`` seeded arrival orders; beside it, the static ``classifier`` on the
-    same requests. ``second_half``: the same ratio over the later half of the stream, once the log holds some."""
-    import random
-
-    from backends.progress import JobProgress
-    from classifiers.train import train
-
-    live = {"split": None, "template": None, "kind": None}  # what a log record of live traffic lacks
-    static = classifier.score_many(record.request for record in stream) >= classifier.threshold
-    runs = []
-    with JobProgress() as progress:
-        job = progress.add_job("online retraining", total=orders * math.ceil(len(stream) / batch))
-        for order in range(orders):
-            rng = random.Random(order)
-            arrivals = list(stream)
-            rng.shuffle(arrivals)
-            current, log = classifier, []
-            routed = np.zeros(len(arrivals), dtype=bool)
-            for start in range(0, len(arrivals), batch):
-                part = arrivals[start : start + batch]
-                routed[start : start + len(part)] = current.score_many(r.request for r in part) >= current.threshold
-                log += [record.model_copy(update=live) for record in part if rng.random() < shadow]
-                current = train([*fitted, *log], classifier.margin)
-                progress.step(job, status=f"order {order}: {len(log)} logged")
-            saved, half = time_saved(arrivals), slice(len(arrivals) // 2, None)
-            runs.append(
-                {
-                    "oracle_gain_ratio": oracle_share(saved, routed),
-                    "second_half_oracle_gain_ratio": oracle_share(saved[half], routed[half]),
-                    "logged": len(log),
-                }
-            )
-    summary: dict[str, Any] = {
-        "shadow": shadow,
-        "batch": batch,
-        "static_oracle_gain_ratio": oracle_share(time_saved(stream), static),
-        "orders": runs,
-    }
-    for name in ("oracle_gain_ratio", "second_half_oracle_gain_ratio"):
-        values = [run[name] for run in runs if run[name] is not None]
-        summary[f"{name}_mean"] = float(np.mean(values)) if values else None
-    return summary
-
-
 def scoring_latency(
     classifier: DeterminismClassifier, seen: Sequence[dict], timed: Sequence[dict], calls: int
 ) -> dict[str, float]:
@@ -332,11 +292,16 @@ def _print(report: dict[str, Any]) -> None:
             "n/a" if correlation is None else f"{correlation:.3f}",
             f">= {TARGETS['gain_log_correlation']}",
         )
-    if (online := report.get("online")) and online["oracle_gain_ratio_mean"] is not None:
-        label = f"retrained every {online['batch']} from a {online['shadow']:.0%} shadow log"
-        table.add_row(f"oracle_gain_ratio, {label}", f"{online['oracle_gain_ratio_mean']:.3f}", "")
-        table.add_row("  its second half", f"{online['second_half_oracle_gain_ratio_mean']:.3f}", "")
     Console().print(table)
+    for name, title in (("online", "held-out templates"), ("new_mix", "a new request mix")):
+        if replayed := report.get(name):
+            Console().print(_online_table(replayed, title))
+    if mix := report.get("new_mix"):
+        Console().print(
+            f"the new mix: DSpark faster on {mix['dspark_faster_share']:.0%}, median speedup "
+            f"{mix['median_speedup']:.2f}x (the corpus carried there: {mix['corpus_dspark_faster_share']:.0%}, "
+            f"{mix['corpus_median_speedup']:.2f}x)"
+        )
     if ceiling := report.get("noise_ceiling"):
         Console().print(
             f"noise ceiling: {ceiling['pairs']} subtasks measured twice, log speedups correlate "
@@ -355,6 +320,38 @@ def _print(report: dict[str, Any]) -> None:
         )
     if cv:
         Console().print(_kind_table(cv["by_kind"], cv["folds"]))
+
+
+def _online_table(replayed: dict[str, Any], title: str) -> Any:
+    from rich.table import Table
+
+    def number(value: float | None, digits: int = 3) -> str:
+        return "n/a" if value is None else f"{value:.{digits}f}"
+
+    where = f", on {replayed['machine'].split('|')[0]}" if replayed.get("machine") else ""
+    logged = f"{replayed['shadow']:.0%} shadow-logged, retrained every {replayed['batch']}"
+    table = Table(title=f"{replayed['subtasks']} requests of {title}{where}, {logged}")
+    for column in ("routed by", "to DSpark", "time / oracle", "2nd half", "oracle gain", "2nd half"):
+        table.add_column(column, justify="left" if column == "routed by" else "right")
+    table.add_row(
+        "retrained",
+        number(replayed["sent_to_dspark_mean"], 0),
+        *(number(replayed[f"{name}_mean"]) for name in ("time_over_oracle", "second_half_time_over_oracle")),
+        *(number(replayed[f"{name}_mean"]) for name in ("oracle_gain_ratio", "second_half_oracle_gain_ratio")),
+    )
+    table.add_row(
+        "static",
+        str(replayed["static_sent_to_dspark"]),
+        number(replayed["static_time_over_oracle"]),
+        number(replayed["static_second_half_time_over_oracle_mean"]),
+        number(replayed["static_oracle_gain_ratio"]),
+        number(replayed["static_second_half_oracle_gain_ratio_mean"]),
+    )
+    for pool in ("all_dspark", "all_standard"):
+        sent = str(replayed["subtasks"]) if pool == "all_dspark" else "0"
+        gain = number(replayed.get(f"{pool}_gain_ratio")) if pool == "all_dspark" else "0"
+        table.add_row(pool.replace("_", "-"), sent, number(replayed[f"{pool}_time_over_oracle"]), "", gain, "")
+    return table
 
 
 def _kind_table(by_kind: dict[str, dict], folds: int) -> Any:
@@ -402,6 +399,10 @@ def run(args: argparse.Namespace) -> int:
     if args.online_batch:
         fitted = [record for record in records if record.speedup is not None and record.resolved_split != args.split]
         report["online"] = online(classifier, fitted, chosen, args.online_shadow, args.online_batch, args.online_orders)
+        if args.new_mix != "none" and Path(args.new_mix).is_file():
+            mix, _ = read_measurements(args.new_mix)
+            replay = (args.online_shadow, args.online_batch, args.online_orders)
+            report["new_mix"] = new_mix(records, mix, Path(args.profiles), classifier.margin, *replay)
     if args.retest != "none" and Path(args.retest).is_file():
         report["noise_ceiling"] = noise_ceiling(records, read_measurements(args.retest)[0])
     if args.carry_over != "none" and Path(args.carry_over).is_file():

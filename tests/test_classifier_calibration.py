@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from backends.subtasks import generate_subtasks, write_jsonl
@@ -164,7 +165,7 @@ def test_bench_route_reports_the_metrics(calibrated, trained, tmp_path):
     out, _ = trained
     report_path, plot_path = tmp_path / "route.json", tmp_path / "route.png"
     args = ["--measurements", str(measurements), "--classifier", str(out), "--latency-calls", "50", "--cv-folds", "0"]
-    args += ["--online-batch", "1", "--online-orders", "2", "--online-shadow", "1"]
+    args += ["--online-batch", "1", "--online-orders", "2", "--online-shadow", "1", "--new-mix", "none"]
     assert main(["bench", "route", *args, "--json", str(report_path), "--plot", str(plot_path)]) == 0
     report = json.loads(report_path.read_text())
     assert report["subtasks"] == 2 and report["split"] == "test" and "cross_validation" not in report
@@ -174,6 +175,33 @@ def test_bench_route_reports_the_metrics(calibrated, trained, tmp_path):
     online = report["online"]  # every test subtask logged and retrained on, one at a time, in two orders
     assert [run["logged"] for run in online["orders"]] == [2, 2] and online["batch"] == 1
     assert plot_path.stat().st_size > 1000
+
+
+def test_bench_route_replays_a_new_mix_with_the_corpus_carried_to_its_machine(calibrated, trained, tmp_path):
+    """``--new-mix``: live traffic measured on another machine is replayed with every corpus record as the
+    fitted part, carried to that machine by the stored curves, and logged as it arrives; where no curve of the
+    mix's machine is stored nothing puts the two in one machine's units, and the replay is left out."""
+    _, measurements = calibrated
+    out, _ = trained
+    records, _ = read_measurements(measurements)
+    here, there = records[0].machine, "cpu:Another CPU|torch.bfloat16|threads=8"
+    profiles, mix, report_path = tmp_path / "sps.json", tmp_path / "mix.jsonl", tmp_path / "route.json"
+    curve = {"1": 50.0, "8": 40.0}  # one curve under both names: carrying scales by 1, so both labels stay
+    profiles.write_text(json.dumps({here: curve, there: curve}))
+    live = {"machine": there, "template": None, "split": None, "kind": None}
+    write_measurements((record.model_copy(update=live) for record in records), mix)
+    args = ["--measurements", str(measurements), "--classifier", str(out), "--latency-calls", "5", "--cv-folds", "0"]
+    args += ["--online-batch", "2", "--online-orders", "1", "--online-shadow", "1", "--new-mix", str(mix)]
+    args += ["--profiles", str(profiles), "--retest", "none", "--carry-over", "none", "--json", str(report_path)]
+    assert main(["bench", "route", *args]) == 0
+    replay = json.loads(report_path.read_text())["new_mix"]
+    assert (replay["machine"], replay["corpus_machine"], replay["carried"]) == (there, here, len(records))
+    assert replay["subtasks"] == len(records) and [run["logged"] for run in replay["orders"]] == [len(records)]
+    assert replay["all_standard_time_over_oracle"] >= 1.0 and replay["all_dspark_time_over_oracle"] >= 1.0
+
+    profiles.write_text(json.dumps({here: curve}))
+    assert main(["bench", "route", *args]) == 0
+    assert json.loads(report_path.read_text())["new_mix"] is None
 
 
 def test_bench_route_refuses_one_fold(calibrated, capsys):
@@ -209,3 +237,16 @@ def test_one_label_only_is_a_clear_error(calibrated, tmp_path, capsys):
     error = json.loads(capsys.readouterr().err.strip().splitlines()[-1])["error"]
     assert error["param"] == "margin" and "below the margin" in error["message"]
     assert not (tmp_path / "c.skops").exists()
+
+
+def test_time_over_the_oracle_is_one_only_for_the_oracle_s_own_routing():
+    """The replay's readable unit on a mix where DSpark saves little: each shipped agent-mix request on the pool
+    it was sent to, over each on its faster pool."""
+    from benchmarks.route_online import time_over_oracle
+    from classifiers import DEFAULT_AGENT_MIX_MEASUREMENTS
+
+    records, _ = read_measurements(DEFAULT_AGENT_MIX_MEASUREMENTS)
+    faster = np.array([record.speedup > 1 for record in records])
+    assert time_over_oracle(records, faster) == pytest.approx(1.0)
+    for routed in (~faster, np.ones(len(records), dtype=bool), np.zeros(len(records), dtype=bool)):
+        assert time_over_oracle(records, routed) > 1.0
