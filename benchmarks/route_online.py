@@ -49,9 +49,10 @@ def online(
     batch: int,
     orders: int,
 ) -> dict[str, Any]:
-    """Time saved over the oracle's on ``stream`` while the classifier is retrained from a shadow-measured log
-    every ``batch`` requests, for ``orders`` seeded arrival orders; beside it, the static ``classifier`` on the
-    same requests. ``second_half``: the same ratios over the later half of the stream, once the log holds some."""
+    """The share of the oracle's saving, and the time over the oracle's, of routing ``stream`` while the
+    classifier is retrained from a shadow-measured log every ``batch`` requests, for ``orders`` seeded arrival
+    orders; beside them, the static ``classifier`` and each pool alone on the same requests. ``second_half``: the
+    same ratios over the later half of the stream, once the log holds some."""
     from backends.progress import JobProgress
     from classifiers.train import train
 
