@@ -72,7 +72,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--latency-calls", type=int, default=2000, help="single-subtask scoring calls to time")
     p.add_argument("--cv-folds", type=int, default=5, help="template-grouped cross-validation folds (0: skip)")
     p.add_argument("--online-shadow", type=float, default=0.2, help="share of the stream measured and logged")
-    p.add_argument("--online-batch", type=int, default=20, help="requests between retrainings (0: skip online)")
+    p.add_argument(
+        "--online-batch", type=int, default=20, help="requests between retrainings (0: skip online and --new-mix)"
+    )
     p.add_argument("--online-orders", type=int, default=3, help="seeded arrival orders to average over")
     p.add_argument(
         "--new-mix",
@@ -347,10 +349,9 @@ def _online_table(replayed: dict[str, Any], title: str) -> Any:
         number(replayed["static_oracle_gain_ratio"]),
         number(replayed["static_second_half_oracle_gain_ratio_mean"]),
     )
-    for pool in ("all_dspark", "all_standard"):
-        sent = str(replayed["subtasks"]) if pool == "all_dspark" else "0"
-        gain = number(replayed.get(f"{pool}_gain_ratio")) if pool == "all_dspark" else "0"
-        table.add_row(pool.replace("_", "-"), sent, number(replayed[f"{pool}_time_over_oracle"]), "", gain, "")
+    all_dspark = (number(replayed["all_dspark_time_over_oracle"]), "", number(replayed["all_dspark_gain_ratio"]), "")
+    table.add_row("all-DSpark", str(replayed["subtasks"]), *all_dspark)
+    table.add_row("all-standard", "0", number(replayed["all_standard_time_over_oracle"]), "", "0", "")
     return table
 
 

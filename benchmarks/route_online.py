@@ -23,7 +23,7 @@ import numpy as np
 
 from backends.dspark.profile import stored_curves
 from classifiers.calibrate import carried_to, measured_on
-from classifiers.gain import oracle_share, standard_times, time_saved
+from classifiers.gain import oracle_share, time_over_oracle, time_saved
 from classifiers.records import Measurement
 
 if TYPE_CHECKING:
@@ -31,14 +31,6 @@ if TYPE_CHECKING:
 
 LIVE = {"split": None, "template": None, "kind": None}
 """What a log record of live traffic lacks."""
-
-
-def time_over_oracle(records: Sequence[Measurement], routed: np.ndarray) -> float:
-    """The time of serving ``records`` as routed (a mask: True to DSpark) over the oracle's, each on the pool it
-    chose: unlike a share of the oracle's saving, it stays readable where DSpark saves almost nothing."""
-    standard = standard_times(records)
-    dspark = standard / np.array([record.speedup for record in records])
-    return float(np.where(routed, dspark, standard).sum() / np.minimum(dspark, standard).sum())
 
 
 def online(
@@ -99,8 +91,7 @@ def online(
         "static_sent_to_dspark": int(static.sum()),
         "orders": runs,
     }
-    averaged = ("oracle_gain_ratio", "time_over_oracle", "sent_to_dspark")
-    for name in (*averaged, *(f"{side}second_half_{metric}" for side in ("", "static_") for metric in averaged[:2])):
+    for name in runs[0] if runs else ():
         values = [run[name] for run in runs if run[name] is not None]
         summary[f"{name}_mean"] = float(np.mean(values)) if values else None
     return summary
@@ -121,6 +112,8 @@ def new_mix(
     from classifiers.train import train
 
     stream = [record for record in mix if record.speedup is not None]
+    if not stream:
+        return None
     corpus = [
         record.model_copy(update={"split": "val" if record.resolved_split == "val" else "train"})
         for record in records
@@ -134,7 +127,7 @@ def new_mix(
             return None
         corpus, moved, _ = carried_to(corpus, machine, curves)
         carried = sum(moved.values())
-    if not stream or not corpus:
+    if not corpus:
         return None
     report = online(train(corpus, margin), corpus, stream, shadow, batch, orders)
     speedups, corpus_speedups = (np.array([record.speedup for record in part]) for part in (stream, corpus))

@@ -242,8 +242,8 @@ def test_one_label_only_is_a_clear_error(calibrated, tmp_path, capsys):
 def test_time_over_the_oracle_is_one_only_for_the_oracle_s_own_routing():
     """The replay's readable unit on a mix where DSpark saves little: each shipped agent-mix request on the pool
     it was sent to, over each on its faster pool."""
-    from benchmarks.route_online import time_over_oracle
     from classifiers import DEFAULT_AGENT_MIX_MEASUREMENTS
+    from classifiers.gain import time_over_oracle
 
     records, _ = read_measurements(DEFAULT_AGENT_MIX_MEASUREMENTS)
     faster = np.array([record.speedup > 1 for record in records])
