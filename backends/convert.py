@@ -6,6 +6,9 @@ config without it, loads the dequantised state dict into it, and saves that with
 included) as an ordinary folder. The checksum of the GGUF is checked first and recorded in the folder
 (``converted_from.json``); a folder already converted from the same file is left alone, and a conversion that
 stops half way leaves nothing behind (it writes to a temporary folder and renames it).
+
+Beside the float32 folder, which stays the reference, the GGUF's blocks are copied as they ship
+(:mod:`backends.packed.weights`): what the packed engine serves by default.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from transformers.utils import logging as hf_logging
 
 from backends.default_model import DEFAULT_MODEL, GGUF_FILE, GGUF_MODULE, GGUF_PACKAGE, GGUF_SHA256, GGUF_VERSION
 from backends.errors import ModelLoadError
+from backends.packed.weights import PACKED_FILE, pack_gguf
 
 MARKER = "converted_from.json"
 
@@ -49,8 +53,12 @@ def packaged_gguf() -> Path:
 
 
 def is_converted(out: Path, sha256: str) -> bool:
+    """Converted from that file, its blocks packed too (or found to have none the engine reads)."""
     marker = out / MARKER
-    return marker.is_file() and json.loads(marker.read_text()).get("sha256") == sha256
+    if not marker.is_file():
+        return False
+    recorded = json.loads(marker.read_text())
+    return recorded.get("sha256") == sha256 and "packed" in recorded
 
 
 def convert(gguf: Path, out: Path, sha256: str | None = None) -> Path:
@@ -78,7 +86,9 @@ def convert(gguf: Path, out: Path, sha256: str | None = None) -> Path:
         staged = Path(staging) / "model"
         model.save_pretrained(staged)
         tokenizer.save_pretrained(staged)
-        (staged / MARKER).write_text(json.dumps({"file": name, "sha256": digest}, indent=2) + "\n")
+        packed = pack_gguf(gguf, staged)
+        marker = {"file": name, "sha256": digest, "packed": PACKED_FILE if packed else None}
+        (staged / MARKER).write_text(json.dumps(marker, indent=2) + "\n")
         if out.exists():
             shutil.rmtree(out)
         staged.rename(out)

@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 import torch
 
 from backends.batch_kv import BatchedKV
-from backends.dspark.scheduler import schedule_batch
 from backends.errors import BackendError, DSparkRouterError, InvalidRequestError, QueueFullError
 from backends.loading import LoadedModel
+from backends.packed.kv import PackedKV
+from backends.scheduling import schedule_batch
 from backends.sequence import Sequence
 from backends.steps import Budget, Forward, Rewind, Schedule
 
@@ -76,7 +77,7 @@ Observer = Callable[[StepRecord], None]
 class DecodeEngine:
     def __init__(self, loaded: LoadedModel, limits: BatchLimits | None = None) -> None:
         self.limits = limits or BatchLimits()
-        self.kv = BatchedKV(loaded)
+        self.kv = batch_kv(loaded)
         self._loaded = loaded
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -159,7 +160,7 @@ class DecodeEngine:
                     error = _typed(exc)
                     for sequence in list(self._running):
                         self._retire(sequence, error=error)
-                    self.kv = BatchedKV(self._loaded)
+                    self.kv = batch_kv(self._loaded)
 
     def _admit(self) -> bool:
         """Move waiting requests into the batch while it has room; sleep while there is nothing to do. False
@@ -214,7 +215,6 @@ class DecodeEngine:
         outputs = self.kv.step(inputs, any(s.pending.hidden_states for s in rows))
         for sequence, out in zip(rows, outputs):
             self._advance(sequence, out)
-        self.kv.compact()
         record = StepRecord(rows=len(rows), tokens=sum(map(len, inputs)), budgets=budgets, prefilled=prefilled)
         for observer in self.observers:
             observer(record)
@@ -261,6 +261,11 @@ class DecodeEngine:
             sequence.finish()
         else:
             sequence.fail(BackendError("cancelled"))
+
+
+def batch_kv(loaded: LoadedModel) -> BatchedKV | PackedKV:
+    """The running batch's caches and forward: the packed engine's where it serves, transformers' otherwise."""
+    return PackedKV(loaded) if loaded.packed is not None else BatchedKV(loaded)
 
 
 def prefill_group(newcomers: list[Sequence], budget: int) -> list[Sequence]:

@@ -19,6 +19,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from backends.errors import InvalidRequestError, ModelLoadError
+from backends.packed.build import supported as packed_supported
+from backends.packed.model import QUANTIZED_PRECISION, PackedLlama, has_packed
 from backends.prompting import prompt_messages
 from backends.types import GenerationRequest
 
@@ -26,6 +28,8 @@ from backends.types import GenerationRequest
 # loading at once corrupt each other's models: every load in the process takes this lock.
 _LOAD_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PRECISIONS = ("auto", QUANTIZED_PRECISION, *DTYPES)
+"""What a pool's ``dtype`` may say: ``gguf`` serves the GGUF's own blocks on the packed engine."""
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
 BF16_MIN_WEIGHT_BYTES = 100_000_000
 """``auto`` runs a model in bfloat16 on a CPU from this size of float32 weights: there a forward is bound by
@@ -38,11 +42,20 @@ _SHARED: weakref.WeakValueDictionary[tuple[str, str, str], LoadedModel] = weakre
 @dataclass
 class LoadedModel:
     model: PreTrainedModel
+    """The transformers model: what serves where nothing is packed, and the float32 reference (its embedding and LM
+    head are the drafters') where something is."""
     tokenizer: PreTrainedTokenizerBase
     device: torch.device
     eos_ids: frozenset[int]
     max_context: int | None
     path: Path
+    packed: PackedLlama | None = None
+    """The packed engine serving the folder's GGUF blocks, when it serves (:func:`resolve_precision`)."""
+
+    @property
+    def precision(self) -> torch.dtype | str:
+        """What every forward runs in, as machine keys name it."""
+        return QUANTIZED_PRECISION if self.packed is not None else self.model.dtype
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -89,8 +102,26 @@ def resolve_dtype(dtype: str, device: torch.device, path: Path | None = None) ->
         weights = sum(f.stat().st_size for f in path.glob("*.safetensors")) if path is not None else 0
         return torch.bfloat16 if cpu_has_bf16() and weights >= BF16_MIN_WEIGHT_BYTES else torch.float32
     if dtype not in DTYPES:
-        raise InvalidRequestError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}", param="dtype")
+        raise InvalidRequestError(f"dtype must be one of {', '.join(PRECISIONS)}; got {dtype!r}", param="dtype")
     return DTYPES[dtype]
+
+
+def resolve_precision(dtype: str, device: torch.device, path: Path | None) -> torch.dtype | str:
+    """``gguf`` (the packed engine on the folder's GGUF blocks) where ``dtype`` is ``auto`` or ``gguf``, the device a
+    CPU with the kernels' instructions and the folder was converted from a GGUF they read; else
+    :func:`resolve_dtype`. The packed engine is the default because it reads 4-bit blocks, not float copies of them,
+    and gives every token the same logits whatever shares its forward (greedy speculative decoding is then exactly
+    plain decoding)."""
+    packable = device.type == "cpu" and path is not None and has_packed(path) and packed_supported()
+    if dtype == QUANTIZED_PRECISION and not packable:
+        raise InvalidRequestError(
+            "dtype gguf needs a folder converted from a GGUF with Q4_1, Q8_0 or float blocks (dspark-router convert) "
+            "and an x86-64 CPU with AVX2",
+            param="dtype",
+        )
+    if dtype in ("auto", QUANTIZED_PRECISION) and packable:
+        return QUANTIZED_PRECISION
+    return resolve_dtype(dtype, device, path)
 
 
 def load_shared(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
@@ -115,7 +146,8 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
         raise ModelLoadError(f"model path {str(path)!r} holds no model (no config.json)", param="model")
     torch_device = resolve_device(device)
     hf_logging.disable_progress_bar()
-    torch_dtype = resolve_dtype(dtype, torch_device, path)
+    precision = resolve_precision(dtype, torch_device, path)
+    torch_dtype = torch.float32 if precision == QUANTIZED_PRECISION else precision
     try:
         with _LOAD_LOCK:
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -130,6 +162,7 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
         eos_ids=_eos_ids(model, tokenizer),
         max_context=_max_context(model),
         path=path,
+        packed=PackedLlama(path) if precision == QUANTIZED_PRECISION else None,
     )
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.dspark.scheduler import VerifySchedule
+from backends.scheduling import VerifySchedule
 
 
 @dataclass(frozen=True)

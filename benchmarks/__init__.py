@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import NamedTuple
 
-from benchmarks import batching, decode, gateway, pools, quality, route, structured, suite, workload
+from benchmarks import batching, decode, engine, gateway, pools, quality, route, structured, suite, workload
 
 
 class Benchmark(NamedTuple):
@@ -22,6 +22,12 @@ class Benchmark(NamedTuple):
 
 
 BENCHMARKS: dict[str, Benchmark] = {
+    "engine": Benchmark(
+        "a forward's cost by tokens in it on each engine (packed GGUF blocks, transformers), beside the weight-read "
+        "floor",
+        engine.add_arguments,
+        engine.run,
+    ),
     "decode": Benchmark(
         "DSpark with each drafter against plain decoding and transformers' fast paths, interleaved on one model",
         decode.add_arguments,

@@ -119,8 +119,8 @@ class LocalContenders:
         from backends.autoregressive import AutoregressiveBackend
         from backends.dspark.backend import DSparkBackend
         from backends.dspark.drafter_config import DRAFTER_DIR
-        from backends.dspark.scheduler import VerifySchedule
         from backends.engine import BatchLimits
+        from backends.scheduling import VerifySchedule
 
         limits = BatchLimits(max_batch=max_batch, max_queue=4 * max_batch)
         drafter = "dspark" if (model / DRAFTER_DIR).is_dir() else "heads"

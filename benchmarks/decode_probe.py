@@ -20,9 +20,9 @@ from transformers import DynamicCache
 
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.model import DSparkModel
-from backends.dspark.scheduler import VerifySchedule
 from backends.dspark.selection import SpanPolicy
 from backends.loading import LoadedModel
+from backends.scheduling import VerifySchedule
 from backends.training.drafter import ECE_BINS, expected_calibration_error
 
 THRESHOLDS = [round(0.05 * i, 2) for i in range(20)]

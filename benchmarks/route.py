@@ -41,8 +41,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from backends.default_model import DEFAULT_DRAFTERS
-from backends.dspark.scheduler import PROFILE_FILE
 from backends.errors import InvalidRequestError
+from backends.scheduling import PROFILE_FILE
 from benchmarks.output import write_json
 from benchmarks.route_online import new_mix, online
 from benchmarks.route_remeasured import carry_over, noise_ceiling

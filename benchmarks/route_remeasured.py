@@ -3,7 +3,7 @@ another machine (how well speedups carry over from one machine's cost curve to a
 
 Both are ceilings on what ``bench route`` can show, not properties of the classifier: a router can learn a label
 no better than it repeats, and a classifier measured on one machine routes another only as well as the scaling
-by the two machines' cost curves (:func:`backends.dspark.scheduler.scaled_speedup`) carries its speedups over.
+by the two machines' cost curves (:func:`backends.scheduling.scaled_speedup`) carries its speedups over.
 """
 
 from __future__ import annotations

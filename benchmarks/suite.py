@@ -40,6 +40,7 @@ class Step:
 
 
 SUITE: tuple[Step, ...] = (
+    Step("engine", ("--json", "{results}/engine.json", "--plot", "{results}/engine.png")),
     Step("quality", ("--per-kind", "3", "--json", "{results}/quality.json")),
     Step(
         "decode",

@@ -36,9 +36,9 @@ import numpy as np
 import torch
 
 from backends.default_model import DEFAULT_MODEL
-from backends.dspark.scheduler import SpsCurve, scaled_speedup
 from backends.errors import InvalidRequestError
 from backends.progress import JobProgress
+from backends.scheduling import SpsCurve, scaled_speedup
 from backends.types import GenerationRequest
 from benchmarks import workload_plots
 from benchmarks.output import write_json, write_plots

@@ -43,7 +43,7 @@ class SpeedupScorer(Protocol):
 
     ``predicts_speedup`` says whether this scorer has a model for it: a classifier file written before the
     expected-gain model existed scores, but cannot predict speedups. A scorer may also carry
-    ``calibration_curve`` (a :class:`~backends.dspark.scheduler.SpsCurve`, or None): the cost curve of the
+    ``calibration_curve`` (a :class:`~backends.scheduling.SpsCurve`, or None): the cost curve of the
     machine its speedups were measured on, which the policy carries over to the machine it routes on."""
 
     predicts_speedup: bool

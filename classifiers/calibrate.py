@@ -35,11 +35,11 @@ from backends.autoregressive import AutoregressiveBackend
 from backends.default_model import drafters_for
 from backends.dspark.backend import DSparkBackend
 from backends.dspark.profile import carry_factor, machine_key, stored_curves
-from backends.dspark.scheduler import PROFILE_FILE
 from backends.errors import InvalidRequestError
-from backends.loading import resolve_device, resolve_dtype
+from backends.loading import resolve_device, resolve_precision
 from backends.local import LocalBackend
 from backends.progress import JobProgress
+from backends.scheduling import PROFILE_FILE
 from backends.subtasks import Subtask
 from backends.types import GenerationRequest, GenerationResult
 from classifiers.records import Measurement, Split
@@ -174,7 +174,7 @@ def machine_profile(
     none is stored."""
     if machine is None:
         resolved = resolve_device(device)
-        machine = machine_key(resolved, resolve_dtype(dtype, resolved, Path(model)))
+        machine = machine_key(resolved, resolve_precision(dtype, resolved, Path(model)))
     curve = stored_curves(drafters_for(model) / PROFILE_FILE).get(machine)
     return {"machine": machine, "steps_per_s": curve} if curve else None
 
@@ -246,7 +246,7 @@ def measure(
     for backend in pools.values():
         backend.complete(warmup)
     loaded = pools["dspark"].loaded
-    machine = machine_key(loaded.device, loaded.model.dtype)
+    machine = machine_key(loaded.device, loaded.precision)
     typical: dict[str, list[float]] = {name: [] for name in pools}
     records = [
         Measurement(

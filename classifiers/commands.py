@@ -22,8 +22,8 @@ from rich.console import Console
 
 from backends.default_model import drafters_for
 from backends.dspark.profile import stored_curves
-from backends.dspark.scheduler import PROFILE_FILE
 from backends.errors import InvalidRequestError
+from backends.scheduling import PROFILE_FILE
 from backends.subtasks import read_jsonl
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
 from classifiers.calibrate import (

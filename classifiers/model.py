@@ -25,8 +25,8 @@ import skops.io as sio
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import Pipeline
 
-from backends.dspark.scheduler import SpsCurve
 from backends.errors import ModelLoadError
+from backends.scheduling import SpsCurve
 from classifiers import DEFAULT_THRESHOLD
 from classifiers.features import RequestVectorizer
 

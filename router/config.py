@@ -130,7 +130,10 @@ class PoolConfig(_Strict):
     )
     max_queue: int = Field(default=32, ge=0, le=100_000, description="requests waiting beyond the running ones")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
-    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    dtype: Literal["auto", "gguf", "float32", "bfloat16", "float16"] = Field(
+        default="auto",
+        description="auto: the packed engine on a GGUF-converted folder (gguf), else bfloat16 or float32 by the CPU",
+    )
     timeout_s: float = Field(default=120.0, gt=0)
     max_tokens: int | None = Field(
         default=None, ge=1, description="the most tokens one request may ask of this pool; more is refused (400)"
@@ -168,6 +171,15 @@ class PoolConfig(_Strict):
     def _dspark_only(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("backend", "dspark") != "dspark":
             raise ValueError(f"{info.field_name} applies to dspark pools only")
+        return value
+
+    @field_validator("decoding")
+    @classmethod
+    def _one_drafter_key(cls, value: DSparkOptions | None) -> DSparkOptions | None:
+        """``drafter`` chooses a pool's drafter; ``decoding`` holds the options a request may override, and a
+        drafter there would be a second key for the same choice."""
+        if value is not None and value.drafter is not None:
+            raise ValueError("a pool's drafter is chosen by its drafter key, not decoding.drafter")
         return value
 
     @property

@@ -22,7 +22,7 @@ from backends.errors import DSparkRouterError, InvalidRequestError
 from backends.types import GenerationRequest, GenerationResult, StreamChunk
 from router.config import PoolConfig
 from router.decisions import Decision, Measured, RoutedResult, RouteRecord, Sampling
-from router.errors import PoolClosedError, PoolUnavailableError, QueueFullError, StreamClosed
+from router.errors import PoolClosedError, PoolUnavailableError, QueueFullError, StreamClosed, WorkerLostError
 from router.health import PoolHealth
 from router.metrics import RouterMetrics
 from router.pool import WAIT_GRACE_S, Pool
@@ -207,11 +207,12 @@ class Flight:
         self.decision = self.decision.model_copy(update={"pool": target, "fell_back": True, "reason": reason})
 
     def _count_health(self, error: BaseException | None) -> None:
-        """A pool's own failures count towards its cooldown; a bad request or a caller gone away does not."""
+        """A pool's own failures count towards its cooldown; a bad request, a caller gone away or a worker that died
+        holding this request (:class:`WorkerLostError`: that worker's fault, while the pool's others serve) not."""
         health = self.dispatcher.health[self.decision.pool]
         if error is None:
             health.succeeded()
-        elif retryable(error):
+        elif retryable(error) and not isinstance(error, WorkerLostError):
             health.failed(error)
 
     def _succeed(self, result: GenerationResult) -> None:

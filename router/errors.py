@@ -60,7 +60,23 @@ class PoolUnavailableError(BackendError):
         """When a cooled-down pool takes requests again (the gateway's ``Retry-After``); None when unknown."""
 
 
-class JobDeadLetteredError(BackendError):
+class WorkerLostError(BackendError):
+    """The worker running this request died and no other worker could finish it in its place.
+
+    It fails this one request and never counts against the pool's health: the pool's other workers serve, and a
+    pool cooled down for one worker's death would refuse every request they could answer."""
+
+    code = "worker_lost"
+
+
+class ReplayDivergedError(WorkerLostError):
+    """A restarted job regenerated text that differs from what its first worker streamed (different hardware or
+    model files): sending more would corrupt the caller's text, so the job fails instead."""
+
+    code = "replay_diverged"
+
+
+class JobDeadLetteredError(WorkerLostError):
     """A job was delivered to workers ``max_deliveries`` times and never finished (each worker died on it); it is
     kept in the pool's dead-letter stream instead of being retried forever."""
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.default_model import drafters_for
-from backends.dspark.scheduler import DEFAULT_VERIFY_TOKENS, PROFILE_FILE, SpsCurve, scaled_speedup
+from backends.scheduling import DEFAULT_VERIFY_TOKENS, PROFILE_FILE, SpsCurve, scaled_speedup
 from router.config import PoolConfig, RouterConfig
 from router.decisions import PoolSeen
 from router.errors import ConfigError
@@ -91,13 +91,13 @@ def _machine_key(pool: PoolConfig) -> str | None:
     """The key this machine's curve is stored under for the pool, as its workers would load the model; None where
     the model is not on this machine (a router in front of workers elsewhere)."""
     from backends.dspark.profile import machine_key
-    from backends.loading import resolve_device, resolve_dtype
+    from backends.loading import resolve_device, resolve_precision
 
     model = Path(pool.model)
     if not model.is_dir():
         return None
     device = resolve_device(pool.device)
-    return machine_key(device, resolve_dtype(pool.dtype, device, model))
+    return machine_key(device, resolve_precision(pool.dtype, device, model))
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,14 @@
 ``cooldown_s``. While it is cooled down, admission refuses at once with
 :class:`~router.errors.PoolUnavailableError`, which the dispatcher turns into the pool's ``fallback`` (or a 503
 when it has none): no request waits for a timeout from a server that is known to be down. A success, or a
-passing health check, ends the streak and the cooldown.
+passing health check, ends the streak, the cooldown and a failed check's report: a request that went through is
+the best health check there is, so readiness returns with the first one rather than at the next probe.
+
+A pool that knows its workers (a Redis pool, through their heartbeats: its ``serving``) cools down only when none
+of them serves. Its requests also fail for one worker's fault (a worker killed while holding them), and cooling
+the whole pool down for that would turn away every request its other workers could answer. Such failures still
+count, so that once its last worker is gone the next failure cools it down, and that cooldown ends at the first
+health check that finds a worker serving again.
 
 Health checks run where a pool has something to ask: a remote engine's ``GET {api_base}/models`` (vLLM, SGLang
 and ``transformers serve`` all answer it) and a Redis pool's ``PING``. In-process pools need none. A healthy pool
@@ -29,6 +36,7 @@ from router.errors import PoolUnavailableError
 from router.pool import Pool
 
 Probe = Callable[[], bool]
+Serving = Callable[[], bool]
 
 FIRST_RETRY_S = 0.1
 """The first probe of a pool that just cooled down or failed a check; each failed probe doubles the wait."""
@@ -37,12 +45,17 @@ MAX_RETRY_S = 0.5
 
 
 class PoolHealth:
-    def __init__(self, name: str, config: PoolConfig, probe: Probe | None = None) -> None:
+    def __init__(
+        self, name: str, config: PoolConfig, probe: Probe | None = None, serving: Serving | None = None
+    ) -> None:
         self.name = name
         self.allowed_fails = config.health.allowed_fails
         self.cooldown_s = config.health.cooldown_s
         self.check_interval_s = config.health.check_interval_s
         self.probe = probe
+        self.serving = serving
+        """Whether any of the pool's workers serves right now, for a pool that can tell (never raises; False when
+        it cannot find out); None for pools that cannot, which cool down on their failures alone."""
         self.cooled = threading.Event()
         """Set when the pool cools down, so the health checks probe it at once rather than at their interval; the
         checks give all their pools one event, which they sleep on."""
@@ -88,7 +101,7 @@ class PoolHealth:
 
     def succeeded(self) -> None:
         with self._lock:
-            self._fails, self._cooled_until, self._probe_vouches = 0, 0.0, False
+            self._fails, self._cooled_until, self._probe_vouches, self._check_failed = 0, 0.0, False, False
 
     def failed(self, error: BaseException | str) -> None:
         with self._lock:
@@ -96,9 +109,16 @@ class PoolHealth:
             self.failures_total += 1
             self._last_error = str(error)[:200]
             self._probe_vouches = self._probe_vouches or isinstance(error, PoolUnavailableError)
-            if self._fails >= self.allowed_fails:
+            due = self._fails >= self.allowed_fails
+        if not due or self._workers_serve():  # asked outside the lock: it may wait on the pool's transport
+            return
+        with self._lock:
+            if self._fails >= self.allowed_fails:  # no success came in meanwhile
                 self._cooled_until = time.monotonic() + self.cooldown_s
                 self.cooled.set()
+
+    def _workers_serve(self) -> bool:
+        return self.serving is not None and self.serving()
 
     def check(self) -> None:
         """One health check, counted like a request."""
@@ -114,7 +134,7 @@ class PoolHealth:
         if not healthy:
             self._probe_vouches = True
             self.failed(reason)
-        elif self._probe_vouches or not self.cooled_down:
+        elif self._probe_vouches or not self.cooled_down or self._workers_serve():
             self.succeeded()
 
 

@@ -94,6 +94,11 @@ class RedisPool(Pool):
         loads = self._client.hmget(self.keys.load, ids) if ids else []
         return [WorkerLoad.model_validate_json(load) for load in loads if load is not None]
 
+    def serving(self) -> bool:
+        """Whether any worker sent a heartbeat lately (False while Redis is unreachable): the pool's health cools
+        it down only when none does, so that a worker killed mid-job costs its own requests, not the pool."""
+        return bool(self._recent_workers())
+
     def available(self) -> bool:
         try:
             return bool(self._client.ping())

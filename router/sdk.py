@@ -80,7 +80,10 @@ class Router:
         self.metrics = RouterMetrics()
         self.metrics.watch(self.pools)
         self.log = DecisionLog.from_config(config.log, config.redis_url)
-        self.health = {n: PoolHealth(n, config.pools[n], probe_for(config.pools[n], p)) for n, p in self.pools.items()}
+        self.health = {
+            n: PoolHealth(n, config.pools[n], probe_for(config.pools[n], p), serving=getattr(p, "serving", None))
+            for n, p in self.pools.items()
+        }
         self._health_checks = HealthChecks(self.health)
         self.dispatcher = Dispatcher(
             self.pools,

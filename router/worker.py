@@ -13,7 +13,9 @@ takes up to ``--concurrency`` jobs at once (the pool's ``max_batch``), decodes t
 A job delivered more than ``max_deliveries`` times goes to the dead-letter stream and its caller gets a
 :class:`~router.errors.JobDeadLetteredError`. A reclaimed job restarts from the beginning: the request is
 reproducible (see :func:`router.redis_jobs.reproducible`), so it regenerates the text already streamed, which
-is checked chunk by chunk against the reply stream and not sent again; only the rest is new to the caller.
+is checked chunk by chunk against the reply stream and not sent again; only the rest is new to the caller. A
+replay that differs fails that job with :class:`~router.errors.ReplayDivergedError`, which (like a dead letter) is
+the dead worker's failure, never counted against the pool's health.
 SIGTERM drains: no new jobs, running ones finish, then the worker deregisters and exits 0. Redis going away
 is waited out (the consumer group is recreated if Redis came back empty).
 """
@@ -32,10 +34,9 @@ from concurrent.futures import Future
 
 import redis
 
-from backends.errors import BackendError
 from backends.types import GenerationResult, StreamChunk
 from router.config import PoolConfig, load_config
-from router.errors import ConfigError, JobDeadLetteredError, PoolTimeoutError, StreamClosed
+from router.errors import ConfigError, JobDeadLetteredError, PoolTimeoutError, ReplayDivergedError, StreamClosed
 from router.pools import InProcessPool
 from router.redis_jobs import GROUP, Job, PoolKeys, WorkerLoad, error_payload
 
@@ -43,11 +44,6 @@ log = logging.getLogger(__name__)
 READ_BLOCK_MS = 500
 CANCEL_CHECK_S = 0.1
 RETRY_S = 0.5
-
-
-class ReplayDivergedError(BackendError):
-    """A restarted job regenerated text that differs from what its first worker streamed (different hardware or
-    model files): sending more would corrupt the caller's text, so the job fails instead."""
 
 
 class ReplyWriter:

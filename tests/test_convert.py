@@ -1,6 +1,7 @@
 """The default model's conversion, on a tiny GGUF written here by the ``gguf`` package: the converted folder is
-an ordinary Hugging Face model with the GGUF's weights, tokenizer and chat template; a wrong checksum is refused;
-a second conversion of the same file does nothing."""
+an ordinary Hugging Face model with the GGUF's weights, tokenizer and chat template, and beside it the GGUF's own
+blocks, which the packed engine multiplies by exactly as gguf dequantises them; a wrong checksum is refused; a
+second conversion of the same file does nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from backends.default_model import DEFAULT_MODEL, GGUF_SHA256
 from backends.errors import ModelLoadError
 from backends.loading import load_model
 from backends.modelfactory import CHAT_TEMPLATE, build_model
+from backends.packed.kv import PackedKV
+from backends.packed.model import QUANTIZED_PRECISION, PackedLlama
 
 
 def _llama_cpp_permute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -28,8 +31,9 @@ def _llama_cpp_permute(weights: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
-def write_gguf(model, tokenizer, path) -> None:
-    """``model`` (a Llama) and its byte-level BPE tokenizer as llama.cpp's converter writes them, in float32."""
+def write_gguf(model, tokenizer, path, blocks: gguf.GGMLQuantizationType | None = None) -> None:
+    """``model`` (a Llama) and its byte-level BPE tokenizer as llama.cpp's converter writes them, in float32, or with
+    every weight matrix in ``blocks`` (the embedding in Q8_0, as llama.cpp's Q4_1 files have it)."""
     config = model.config
     writer = gguf.GGUFWriter(str(path), arch="llama")
     writer.add_name("tiny-llama")
@@ -55,7 +59,14 @@ def write_gguf(model, tokenizer, path) -> None:
     writer.add_chat_template(CHAT_TEMPLATE)
     state = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    writer.add_tensor("token_embd.weight", state["model.embed_tokens.weight"])
+
+    def add_matrix(name: str, values: np.ndarray, kind: gguf.GGMLQuantizationType | None = blocks) -> None:
+        if kind is None:
+            writer.add_tensor(name, values)
+        else:
+            writer.add_tensor(name, gguf.quants.quantize(values, kind), raw_dtype=kind)
+
+    add_matrix("token_embd.weight", state["model.embed_tokens.weight"], blocks and gguf.GGMLQuantizationType.Q8_0)
     writer.add_tensor("output_norm.weight", state["model.norm.weight"])
     names = {
         "input_layernorm": "attn_norm",
@@ -68,14 +79,14 @@ def write_gguf(model, tokenizer, path) -> None:
     }
     for i in range(config.num_hidden_layers):
         prefix = f"model.layers.{i}."
-        writer.add_tensor(
-            f"blk.{i}.attn_q.weight", _llama_cpp_permute(state[prefix + "self_attn.q_proj.weight"], heads)
-        )
-        writer.add_tensor(
-            f"blk.{i}.attn_k.weight", _llama_cpp_permute(state[prefix + "self_attn.k_proj.weight"], kv_heads)
-        )
+        add_matrix(f"blk.{i}.attn_q.weight", _llama_cpp_permute(state[prefix + "self_attn.q_proj.weight"], heads))
+        add_matrix(f"blk.{i}.attn_k.weight", _llama_cpp_permute(state[prefix + "self_attn.k_proj.weight"], kv_heads))
         for ours, theirs in names.items():
-            writer.add_tensor(f"blk.{i}.{theirs}.weight", state[prefix + ours + ".weight"])
+            values = state[prefix + ours + ".weight"]
+            if values.ndim == 1:
+                writer.add_tensor(f"blk.{i}.{theirs}.weight", values)
+            else:
+                add_matrix(f"blk.{i}.{theirs}.weight", values)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -121,3 +132,43 @@ def test_converting_again_does_nothing_and_a_wrong_checksum_is_refused(tiny_gguf
 def test_the_default_model_is_the_pinned_wheels_gguf():
     """make converts the default model before the tests run; its folder records the pinned file's checksum."""
     assert json.loads((DEFAULT_MODEL / MARKER).read_text())["sha256"] == GGUF_SHA256
+
+
+@pytest.fixture(scope="module")
+def q4_folder(tmp_path_factory, tiny_tokenizer):
+    """A tiny Llama written as a Q4_1 GGUF (embedding in Q8_0), converted: the float32 reference and its blocks."""
+    model = build_model("llama", tiny_tokenizer, hidden=64, layers=2, heads=4, seed=3)
+    root = tmp_path_factory.mktemp("gguf-q4")
+    write_gguf(model, tiny_tokenizer, root / "tiny-q4_1.gguf", gguf.GGMLQuantizationType.Q4_1)
+    return root / "tiny-q4_1.gguf", convert(root / "tiny-q4_1.gguf", root / "model")
+
+
+def test_packed_blocks_multiply_as_the_gguf_dequantised_weights_exactly(q4_folder):
+    """Each matrix the engine holds, times the identity, is gguf's own dequantisation of its blocks, bit for bit
+    (query, key and value stacked by rows, gate and up too; the tied LM head is the embedding)."""
+    path, folder = q4_folder
+    stored = {t.name: gguf.quants.dequantize(t.data, t.tensor_type) for t in gguf.GGUFReader(path).tensors}
+    expected = [stored["token_embd.weight"], stored["token_embd.weight"]]
+    for i in range(2):
+        block = f"blk.{i}."
+        expected += [
+            np.concatenate([stored[block + n] for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight")]),
+            stored[block + "attn_output.weight"],
+            np.concatenate([stored[block + n] for n in ("ffn_gate.weight", "ffn_up.weight")]),
+            stored[block + "ffn_down.weight"],
+        ]
+    packed = PackedLlama(folder)
+    for index, weights in enumerate(expected):
+        identity = torch.eye(weights.shape[1])
+        assert torch.equal(packed.engine.matmul(index, identity), torch.from_numpy(weights).T), index
+
+
+def test_a_converted_gguf_is_served_from_its_blocks_with_the_reference_logits(q4_folder, tiny_tokenizer):
+    _, folder = q4_folder
+    served, reference = load_model(folder), load_model(folder, dtype="float32")
+    assert served.precision == QUANTIZED_PRECISION and reference.packed is None
+    ids = tiny_tokenizer("def add(a, b):\n    return a + b")["input_ids"]
+    kv, row = PackedKV(served), object()
+    logits = kv.prefill([row], [ids])[0].logits
+    with torch.no_grad():
+        torch.testing.assert_close(logits, reference.model(torch.tensor([ids])).logits[0], rtol=1e-4, atol=1e-4)

@@ -17,9 +17,9 @@ from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
 from backends.dspark.heads import DSparkConfig, SpanHeads
 from backends.dspark.model import DSparkModel
 from backends.dspark.profile import PROFILE_FILE, load_or_profile, machine_key
-from backends.dspark.scheduler import SpsCurve, VerifySchedule, choose_lengths
 from backends.loading import load_model
 from backends.modelfactory import build_model, save_pretrained
+from backends.scheduling import SpsCurve, VerifySchedule, choose_lengths
 from router.config import PoolConfig
 from router.pools import load_backend
 from tests.conftest import ARCHITECTURES
@@ -251,7 +251,7 @@ def test_profile_is_measured_once_per_machine_and_reused(qwen3_path, tmp_path):
     loaded = load_model(qwen3_path)
     curve = load_or_profile(tmp_path, loaded, 4)
     stored = json.loads((tmp_path / PROFILE_FILE).read_text())
-    assert set(stored) == {machine_key(loaded.device, loaded.model.dtype)} and sorted(curve.steps_per_s) == [1, 2, 3, 4]
+    assert set(stored) == {machine_key(loaded.device, loaded.precision)} and sorted(curve.steps_per_s) == [1, 2, 3, 4]
     assert load_or_profile(tmp_path, loaded, 4) == curve
 
 

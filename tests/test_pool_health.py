@@ -1,5 +1,5 @@
 """Cooldowns and probes of one pool: what a passing probe may lift, how soon an unhealthy pool is probed again,
-and the Retry-After a cooled-down pool gives."""
+the Retry-After a cooled-down pool gives, and why a pool whose workers serve is never cooled down."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import time
 import pytest
 
 from router.config import PoolConfig
-from router.errors import BackendError, PoolUnavailableError
+from router.errors import BackendError, PoolTimeoutError, PoolUnavailableError
 from router.health import MAX_RETRY_S, HealthChecks, PoolHealth
 
 CONFIG = PoolConfig(backend="autoregressive", model="m", health={"allowed_fails": 2, "cooldown_s": 30})
 
 
 class Switch:
-    """A probe whose answer the test sets, counting how often it is asked."""
+    """A probe (or a pool's ``serving``) whose answer the test sets, counting how often it is asked."""
 
     def __init__(self) -> None:
         self.up, self.asked = True, 0
@@ -82,3 +82,40 @@ def test_an_unhealthy_pool_is_probed_on_a_back_off_and_a_healthy_one_at_its_inte
         assert probe.asked == asked  # healthy again: back to its interval
     finally:
         checks.close()
+
+
+def test_a_pool_whose_workers_serve_is_not_cooled_down_by_failures():
+    """A Redis pool's requests fail when the worker holding them dies; while another worker serves, those failures
+    are counted but do not turn the pool away. With no worker left they cool it down at once, and the first check
+    that finds a worker again ends the cooldown, though a Redis PING cannot vouch for requests that timed out."""
+    serving = Switch()
+    health = PoolHealth("redis", CONFIG, Switch(), serving=serving)
+    for _ in range(5):
+        health.failed(PoolTimeoutError("pool 'redis' did not finish within 60s"))
+    health.admit()
+    assert not health.cooled_down and health.failures_total == 5 and serving.asked == 4  # from allowed_fails on
+    serving.up = False
+    health.failed(PoolTimeoutError("pool 'redis' did not finish within 60s"))
+    with pytest.raises(PoolUnavailableError):
+        health.admit()
+    health.check()
+    assert health.cooled_down  # the probe passes, but still no worker serves
+    serving.up = True
+    health.check()
+    assert not health.cooled_down and health.report() is None
+
+
+def test_a_success_ends_a_failed_check_and_a_cooldown_at_once():
+    """Readiness returns with the first request that goes through, not at the next probe."""
+    probe = Switch()
+    probe.up = False
+    health = PoolHealth("redis", CONFIG, probe)
+    health.check()
+    assert "failed its last health check" in health.report()
+    health.succeeded()
+    assert health.report() is None and not health.unhealthy
+    health.check()
+    health.check()
+    assert health.cooled_down
+    health.succeeded()
+    assert health.report() is None and not health.unhealthy

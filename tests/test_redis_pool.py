@@ -5,11 +5,13 @@ cancellation, draining, outages and state shared by router replicas."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,7 +26,7 @@ import redis
 from backends.errors import InvalidRequestError
 from backends.types import GenerationRequest
 from router import Router
-from router.errors import JobDeadLetteredError, PoolUnavailableError, QueueFullError
+from router.errors import JobDeadLetteredError, PoolUnavailableError, QueueFullError, ReplayDivergedError
 from router.gateway.app import create_app
 from router.gateway.settings import ApiKey
 from router.redis_pool import RedisPool
@@ -42,7 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 class Deployment:
     """One config, router replicas and worker processes on loopback, sharing one Redis under a fresh prefix."""
 
-    def __init__(self, tmp_path: Path, models: dict[str, Path], url: str, **redis_settings: float) -> None:
+    def __init__(
+        self, tmp_path: Path, models: dict[str, Path], url: str, health: dict | None = None, **redis_settings: float
+    ) -> None:
         data = config_data(models)
         settings = {"prefix": f"test-{uuid.uuid4().hex[:8]}", "visibility_timeout_s": 1.5, "heartbeat_s": 0.25}
         data["pools"]["remote"] = {
@@ -52,10 +56,11 @@ class Deployment:
             "redis_url": url,
             "max_queue": 16,
             "timeout_s": 60,
-            "redis": {**settings, **redis_settings},  # health: the defaults (checked every 10 s while healthy)
+            "redis": {**settings, **redis_settings},
+            "health": health or {},  # by default the defaults (checked every 10 s while healthy)
         }
         data["redis_url"] = url  # shared state of the gateways (rate limits), beside the pool's queue
-        self.tmp_path, self.url = tmp_path, url
+        self.tmp_path, self.url, self.data = tmp_path, url, data
         self.config = write_config(tmp_path / "router.yaml", data)
         self.prefix = settings["prefix"]
         self.workers: list[subprocess.Popen] = []
@@ -67,10 +72,16 @@ class Deployment:
         self.routers.append(router)
         return router
 
-    def start_workers(self, count: int, wait: bool = True) -> list[subprocess.Popen]:
+    def start_workers(self, count: int, wait: bool = True, model: Path | None = None) -> list[subprocess.Popen]:
+        """``model``: other model files than the routers' config names, as on a host deployed with other ones."""
+        config = self.config
+        if model is not None:
+            data = copy.deepcopy(self.data)
+            data["pools"]["remote"]["model"] = str(model)
+            config = write_config(self.tmp_path / f"router-{model.name}.yaml", data)
         # One torch thread, as in this test process, so that greedy outputs agree bit for bit.
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-        command = [sys.executable, "-m", "router", "worker", "--config", str(self.config), "--pool", "remote"]
+        command = [sys.executable, "-m", "router", "worker", "--config", str(config), "--pool", "remote"]
         started = []
         for _ in range(count):
             log = (self.tmp_path / f"worker-{len(self.workers)}.log").open("w")
@@ -88,8 +99,13 @@ class Deployment:
 
     def holder(self) -> int | None:
         """The pid of the worker process that holds the pool's one pending job, if any."""
-        pending = self.client.xpending_range(f"{self.prefix}:remote:jobs", "workers", "-", "+", 1)
-        return int(pending[0]["consumer"].decode().rsplit("-", 2)[1]) if pending else None
+        held = self.holders()
+        return held[0] if held else None
+
+    def holders(self) -> list[int]:
+        """The pid of the worker process holding each pending job."""
+        pending = self.client.xpending_range(f"{self.prefix}:remote:jobs", "workers", "-", "+", 1000)
+        return [int(entry["consumer"].decode().rsplit("-", 2)[1]) for entry in pending]
 
     def logs(self) -> str:
         return "".join(path.read_text() for path in sorted(self.tmp_path.glob("worker-*.log")))
@@ -111,8 +127,8 @@ class Deployment:
 
 
 @contextmanager
-def deployment(tmp_path, models, url, workers: int = 1, **settings) -> Iterator[Deployment]:
-    deployed = Deployment(tmp_path, models, url, **settings)
+def deployment(tmp_path, models, url, workers: int = 1, health=None, **settings) -> Iterator[Deployment]:
+    deployed = Deployment(tmp_path, models, url, health, **settings)
     try:
         deployed.start_workers(workers)
         yield deployed
@@ -183,6 +199,58 @@ def test_a_killed_workers_job_is_reclaimed_and_each_token_arrives_once(tmp_path,
         assert any(w.pid == killed[0] and w.wait(5) == -signal.SIGKILL for w in deployed.workers)
 
 
+def test_a_killed_worker_fails_only_the_requests_it_held_and_never_the_pool(
+    tmp_path, router_models, tiny_model_paths, redis_url
+):
+    """Two workers on different model files (the tiny llama and the tiny gpt2, whose seeded draws differ from the
+    first token), so that no job of the killed one can be replayed by the other: each fails alone with the typed
+    error, every other request is answered, and the pool, allowed a single failure, is never cooled down: one
+    worker's death is not the pool's."""
+    with deployment(tmp_path, router_models, redis_url, health={"allowed_fails": 1}) as deployed:
+        deployed.start_workers(1, model=tiny_model_paths["gpt2"])
+        router, count = deployed.router(), 4
+        streams: list[list[str]] = [[] for _ in range(count)]
+        outcomes: list[object] = [None] * count
+        first = [threading.Event() for _ in range(count)]
+
+        def ask(i: int) -> dict:
+            return {"messages": MESSAGES, "max_tokens": LONG, "temperature": 1.0, "seed": i, "model": "remote"}
+
+        def stream(i: int) -> None:
+            try:
+                for chunk in router.stream(**ask(i)):
+                    if chunk.result is not None:
+                        outcomes[i] = chunk.result
+                    elif chunk.delta:
+                        streams[i].append(chunk.delta)
+                        first[i].set()
+            except Exception as exc:
+                outcomes[i] = exc
+                first[i].set()
+
+        clients = [threading.Thread(target=stream, args=(i,)) for i in range(count)]
+        for client, started in zip(clients, first):  # one after the other: the two workers take turns
+            client.start()
+            assert started.wait(30), "a request was never answered"
+        held = deployed.holders()
+        killed = held[0]
+        os.kill(killed, signal.SIGKILL)
+        for client in clients:
+            client.join(60)
+        failed = [o for o in outcomes if isinstance(o, Exception)]
+        assert len(failed) == held.count(killed) >= 1 and len(held) == count
+        assert all(isinstance(error, ReplayDivergedError) for error in failed), failed
+        assert failed[0].status_code == 502 and failed[0].to_openai()["error"]["code"] == "replay_diverged"
+        answered = [(o, deltas) for o, deltas in zip(outcomes, streams) if not isinstance(o, Exception)]
+        assert answered and all("".join(deltas) == o.text for o, deltas in answered)
+        health = router.health["remote"]
+        assert router.unavailable() == {} and health.failures_total == 0 and router.pools["remote"].serving()
+        for i in (i for i, o in enumerate(outcomes) if isinstance(o, Exception)):  # the survivor serves them now
+            again = router.complete(**ask(i))
+            assert not again.text.startswith("".join(streams[i]))
+        assert deployed.holder() is None
+
+
 def test_a_job_that_keeps_killing_its_workers_is_dead_lettered(tmp_path, router_models, redis_url):
     with deployment(tmp_path, router_models, redis_url, workers=3, max_deliveries=2) as deployed:
         router, killed = deployed.router(), []
@@ -197,6 +265,7 @@ def test_a_job_that_keeps_killing_its_workers_is_dead_lettered(tmp_path, router_
             long_stream(router, on_first=kill_each_holder)
         assert failed.value.status_code == 502 and failed.value.to_openai()["error"]["code"] == "dead_lettered"
         assert deployed.client.xlen(f"{deployed.prefix}:remote:dead") == 1
+        assert router.health["remote"].failures_total == 0  # its workers' deaths, not the pool's failures
         assert deployed.alive() == 1 and router.pools["remote"].depth == 0
 
 
@@ -222,8 +291,9 @@ def test_sigterm_drains_a_worker_without_losing_its_job(tmp_path, router_models,
 
 
 def test_redis_outage_gives_503_then_recovers_by_itself(tmp_path, router_models, private_redis):
-    """Within a second of Redis's return, with the default health settings: a cooled-down pool is probed on a
-    back-off of well under a second, not at the 10 s check interval; meanwhile the 503 says how long is left."""
+    """Served and ready within a second of Redis's return, with the default health settings: a cooled-down pool is
+    probed on a back-off of well under a second, not at the 10 s check interval; meanwhile the 503 says how long
+    is left."""
     with deployment(tmp_path, router_models, private_redis.url) as deployed:
         router = deployed.router()
         before = router.complete(messages=MESSAGES, max_tokens=8, temperature=0, model="remote").text
@@ -251,7 +321,8 @@ def test_redis_outage_gives_503_then_recovers_by_itself(tmp_path, router_models,
                 assert time.monotonic() - returned < 1.0, "service was not back within 1 s of Redis"
                 time.sleep(0.02)
         assert again.text == before and deployed.alive() == 1
-        deployed.wait_for(lambda: router.unavailable() == {}, "the pool stayed unavailable after Redis came back")
+        assert router.unavailable() == {}  # ready again with its first success, not at a later probe
+        assert time.monotonic() - returned < 2.0
 
 
 def test_depth_and_capacity_are_shared_by_replicas(tmp_path, router_models, redis_url):

@@ -61,6 +61,7 @@ BAD = [
     ("pools.standard.decoding", {"max_span": 2}, "pools.standard.decoding"),
     ("pools.dspark.api_base", "http://x", "pools.dspark.api_base"),
     ("pools.dspark.decoding", {"max_span": 99}, "pools.dspark.decoding.max_span"),
+    ("pools.dspark.decoding", {"drafter": "dspark"}, "pools.dspark.decoding"),  # pools.dspark.drafter chooses it
     ("pools.dspark.device", "tpu", "pools.dspark.device"),
     ("pools.dspark.transport", "redis", "pools.dspark.transport"),  # no redis_url on the pool or at the top
     ("pools.dspark.redis", {"heartbeat_s": 5, "visibility_timeout_s": 10}, "pools.dspark.redis"),

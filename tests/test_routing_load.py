@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import redis
 
-from backends.dspark.scheduler import PROFILE_FILE, SpsCurve
+from backends.scheduling import PROFILE_FILE, SpsCurve
 from router.config import PolicyConfig, PoolConfig
 from router.errors import ConfigError, RoutingError
 from router.expected_time import LoadEstimator, PoolCost, PoolSide
@@ -268,13 +268,13 @@ def test_the_router_takes_this_machines_curve_from_the_drafters_folder(tmp_path,
     float32 machine's verifying forwards cost far more than a bfloat16 one's), not on whichever was stored last,
     and find the file where the pool's drafters are, not in the target's folder."""
     from backends.dspark.profile import machine_key
-    from backends.loading import resolve_device, resolve_dtype
+    from backends.loading import resolve_device, resolve_precision
 
     models = {name: copy_model(path, tmp_path / name) for name, path in router_models.items()}
     drafters = tmp_path / "drafters"
     drafters.mkdir()
     device = resolve_device("cpu")
-    here = machine_key(device, resolve_dtype("auto", device, models["dspark"]))
+    here = machine_key(device, resolve_precision("auto", device, models["dspark"]))
     elsewhere = SpsCurve({1: 10.0, 4: 5.0, 16: 2.0})
     curves = {here: CURVE.steps_per_s, "cpu:elsewhere|torch.float32|threads=2": elsewhere.steps_per_s}
     (drafters / PROFILE_FILE).write_text(json.dumps({k: {str(n): v for n, v in c.items()} for k, c in curves.items()}))
@@ -324,7 +324,7 @@ def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_rou
     (``time_saved``), while the threshold objective, whose score no curve carries, sends it to DSpark on both."""
     from backends.default_model import DEFAULT_DRAFTERS
     from backends.dspark.profile import stored_curves
-    from backends.dspark.scheduler import scaled_speedup
+    from backends.scheduling import scaled_speedup
     from classifiers import load_default
     from router.config import load_config
 

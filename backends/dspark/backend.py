@@ -23,12 +23,12 @@ from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.heads import SpanHeads
 from backends.dspark.model import DSparkModel
 from backends.dspark.profile import load_or_profile, measure_round
-from backends.dspark.scheduler import VerifySchedule
 from backends.dspark.selection import SpanPolicy
 from backends.engine import BatchLimits
 from backends.errors import InvalidRequestError, ModelLoadError
 from backends.loading import LoadedModel, load_shared
 from backends.local import LocalBackend
+from backends.scheduling import VerifySchedule
 from backends.steps import DecodeLoop
 from backends.threads import on_own_thread
 from backends.types import DSparkOptions, GenerationRequest, GenerationStats

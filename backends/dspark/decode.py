@@ -6,11 +6,11 @@ Each step starts from the base model's logits and last hidden state at the newes
    length the span policy picks from the heads' confidence;
 2. one forward pass over that proposal appends it to the KV cache and yields, at every proposal position,
    the base model's logits (to verify the draft) and the hidden state (to draft the next step);
-3. ``verify_greedy`` / ``verify_sampled`` keep the longest prefix the base model agrees with; ``exact``
-   verification makes greedy output identical to plain decoding and sampled output equal in distribution
-   (speculative sampling, the heads' distributions as the draft); ``confidence`` keeps the whole span.
-   A sampled verification also draws the token after the kept prefix (the correction, or the bonus token
-   when the whole draft survived) from the same pass's distributions, so the next step samples only its draft;
+3. :mod:`backends.dspark.verify` keeps the longest prefix the base model agrees with; ``exact`` verification
+   makes greedy output identical to plain decoding and sampled output equal in distribution (speculative
+   sampling, the heads' distributions as the draft); ``confidence`` keeps the whole span. A sampled
+   verification also draws the token after the kept prefix (the correction, or the bonus token when the whole
+   draft survived) from the same pass's distributions, so the next step samples only its draft;
 4. rejected positions are rewound out of the KV cache and the next step starts from the last kept one.
 
 Under a grammar (``constraint``), text the grammar forces is committed in one pass without drafting, the
@@ -32,9 +32,10 @@ from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
 from backends.dspark.model import DSparkModel
 from backends.dspark.selection import SpanPolicy
+from backends.dspark.verify import RoundStats, masked_by_grammar, verify
 from backends.sampling import pick_token, sample, token_probs
 from backends.steps import DecodeLoop, Forward, Rewind
-from backends.types import GenerationRequest, GenerationStats, SpanStats
+from backends.types import GenerationRequest, GenerationStats
 
 
 @dataclass
@@ -56,10 +57,12 @@ def propose(
     request: GenerationRequest,
     policy: SpanPolicy,
     generator: torch.Generator | None,
-    stats: SpanStats,
+    rounds: RoundStats,
     constraint: GrammarConstraint | None,
+    room: int,
 ) -> Proposal:
-    """The base model's next token (or the one verification already sampled) and a confident draft after it.
+    """The base model's next token (or the one verification already sampled) and a confident draft after it, at
+    most ``room`` tokens in all (what ``max_tokens`` leaves: nothing is drafted past it).
 
     Under a grammar the first token is chosen from masked logits and committed to the grammar at once (it is
     kept whatever verification says), and the draft is cut at the first token the grammar rejects.
@@ -71,8 +74,7 @@ def propose(
     if constraint is not None:
         constraint.consume([first])
     token = first
-    if policy.longest == 1:
-        stats.proposed_span_hist[1] = stats.proposed_span_hist.get(1, 0) + 1
+    if policy.longest == 1 or room <= 1:
         return Proposal([token], None)
     head_logits = model.heads(hidden)[: policy.longest - 1]
     vocab = model.heads.vocab
@@ -87,65 +89,13 @@ def propose(
     draft = vocab.target_ids(draft)
     length, cleared = policy.choose(top_probs)
     for n in cleared:
-        stats.cleared_threshold[n] = stats.cleared_threshold.get(n, 0) + 1
-    stats.fallback_steps += length == 1
-    stats.proposed_span_hist[length] = stats.proposed_span_hist.get(length, 0) + 1
-    drafted = draft[: length - 1].tolist()
+        rounds.spans.cleared_threshold[n] = rounds.spans.cleared_threshold.get(n, 0) + 1
+    drafted = draft[: min(length, room) - 1].tolist()
     valid = constraint.valid_prefix(drafted) if constraint is not None else len(drafted)
     if draft_probs is None:
         return Proposal([token, *drafted[:valid]], None)
     refused = draft_probs[valid] if valid < len(drafted) else None
     return Proposal([token, *drafted[:valid]], draft_probs[:valid], refused)
-
-
-def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> int:
-    """How many draft tokens equal the base model's argmax at their position."""
-    targets = torch.argmax(target_logits[: len(draft)], dim=-1).tolist()
-    accepted = 0
-    while accepted < len(draft) and draft[accepted] == targets[accepted]:
-        accepted += 1
-    return accepted
-
-
-def verify_sampled(
-    draft: list[int],
-    draft_probs: torch.Tensor,
-    target_probs: torch.Tensor,
-    generator: torch.Generator | None,
-    refused_probs: torch.Tensor | None = None,
-) -> tuple[int, int]:
-    """Speculative sampling: accept d with probability min(1, p(d)/q(d)); on rejection resample from
-    max(0, p - q), so every committed token is distributed exactly as plain sampling from p would be.
-
-    ``target_probs`` has a row per draft token plus one for the position after the whole draft. Returns the
-    accepted count and the token that follows them: the correction, or with every draft token accepted, the
-    bonus token sampled from that last row, so the next step needs no sampling of its own. Every position's
-    uniform is drawn at once: the draws are independent, so those past the first rejection are simply unused,
-    and the test is one vectorised comparison instead of a Python loop over scalars. ``refused_probs`` (see
-    :class:`Proposal`) stands for one more drafted token, certainly rejected, after the draft."""
-
-    def after_draft() -> int:
-        if refused_probs is not None:
-            return draw_residual(target_probs[len(draft)], refused_probs, generator)
-        return int(sample(target_probs[len(draft)], generator))
-
-    if not draft:
-        return 0, after_draft()
-    positions = torch.arange(len(draft), device=target_probs.device)
-    tokens = torch.tensor(draft, dtype=torch.long, device=target_probs.device)
-    p, q = target_probs[positions, tokens], draft_probs[positions, tokens]
-    u = torch.rand(len(draft), generator=generator, device=target_probs.device)
-    rejected = ((q <= 0) | (u * q > p)).tolist()
-    if True not in rejected:
-        return len(draft), after_draft()
-    i = rejected.index(True)
-    return i, draw_residual(target_probs[i], draft_probs[i], generator)
-
-
-def draw_residual(target: torch.Tensor, draft: torch.Tensor, generator: torch.Generator | None) -> int:
-    """The token after a rejected draft token: drawn from max(0, p - q), or from p where q covers it all."""
-    residual = torch.clamp(target - draft, min=0.0)
-    return int(sample(residual if residual.sum() > 0 else target, generator))
 
 
 def decode(
@@ -158,15 +108,12 @@ def decode(
     constraint: GrammarConstraint | None = None,
 ) -> DecodeLoop:
     """Yield the tokens each forward pass commits; the engine closes the loop when output ends."""
-    width = policy.longest - 1
-    spans = stats.spans = SpanStats(
-        acceptance_by_offset=[0.0] * width, reached_by_offset=[0] * width, accepted_by_offset=[0] * width
-    )
-    proposed_at, accepted_at = [0] * width, spans.accepted_by_offset
+    rounds = RoundStats(stats, policy.longest - 1)
     out = yield Forward(prompt)
     hidden, logits = out.hidden[-1], out.logits[-1]
     stats.forward_passes += 1
     next_token: int | None = None
+    produced = 0
     try:
         while True:
             forced = forced_tokens(constraint, stats)
@@ -174,39 +121,25 @@ def decode(
                 out = yield Forward(forced)
                 stats.forward_passes += 1
                 hidden, logits, next_token = out.hidden[-1], out.logits[-1], None
+                produced += len(forced)
                 yield forced
                 continue
-            proposal = propose(model, hidden, logits, next_token, request, policy, generator, spans, constraint)
+            room = request.max_tokens - produced
+            proposal = propose(model, hidden, logits, next_token, request, policy, generator, rounds, constraint, room)
             out = yield Forward(proposal.tokens)
-            all_hidden, all_logits = out.hidden, out.logits
             stats.forward_passes += 1
             draft = proposal.tokens[1:]
-            if constraint is not None:
-                masks = constraint.span_masks(draft).to(all_logits.device)
-                all_logits = all_logits.masked_fill(~masks, float("-inf"))
-            if policy.verification == "confidence":
-                accepted, next_token = len(draft), None
-            elif request.greedy:
-                accepted, next_token = verify_greedy(draft, all_logits), None
-            else:
-                target_probs = token_probs(all_logits, request)
-                accepted, next_token = verify_sampled(
-                    draft, proposal.draft_probs, target_probs, generator, proposal.refused_probs
-                )
-            for offset in range(len(draft)):
-                proposed_at[offset] += 1
-                accepted_at[offset] += offset < accepted
-                spans.reached_by_offset[offset] += offset <= accepted
+            all_logits = masked_by_grammar(out.logits, draft, constraint)
+            accepted, next_token = verify(
+                draft, proposal.draft_probs, all_logits, request, policy.verification, generator, proposal.refused_probs
+            )
+            rounds.verified(len(draft), accepted)
             if len(draft) > accepted:
                 yield Rewind(len(draft) - accepted)
             if constraint is not None:
                 constraint.consume(draft[:accepted])
-            committed = proposal.tokens[: 1 + accepted]
-            spans.steps += 1
-            spans.accepted_span_hist[len(committed)] = spans.accepted_span_hist.get(len(committed), 0) + 1
-            hidden, logits = all_hidden[accepted], all_logits[accepted]
-            yield committed
+            hidden, logits = out.hidden[accepted], all_logits[accepted]
+            produced += 1 + accepted
+            yield proposal.tokens[: 1 + accepted]
     finally:
-        committed_total = sum(n * count for n, count in spans.accepted_span_hist.items())
-        spans.mean_accepted = committed_total / spans.steps if spans.steps else 0.0
-        spans.acceptance_by_offset = [a / p if p else 0.0 for a, p in zip(accepted_at, proposed_at)]
+        rounds.close()

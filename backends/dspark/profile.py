@@ -18,23 +18,26 @@ from functools import partial
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
+from backends.batch_kv import BatchedKV
 from backends.default_model import drafters_for
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.published_decode import sample_block
-from backends.dspark.scheduler import PROFILE_FILE, SpsCurve, scaled_speedup
+from backends.engine import batch_kv
 from backends.loading import LoadedModel, cpu_name, load_model
+from backends.packed.kv import PackedKV
+from backends.scheduling import PROFILE_FILE, SpsCurve, scaled_speedup
+from backends.steps import ForwardOut
 from backends.types import GenerationRequest
 
 CONTEXT_TOKENS = 64
 
 
-def machine_key(device: torch.device, dtype: torch.dtype) -> str:
+def machine_key(device: torch.device, precision: torch.dtype | str) -> str:
     """What a stored curve is valid for: the device, the precision and this process's torch threads. The router
     computes it for a pool before any model is loaded, so it takes what ``load_model`` would resolve."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    return f"{device.type}:{name}|{dtype}|threads={torch.get_num_threads()}"
+    return f"{device.type}:{name}|{precision}|threads={torch.get_num_threads()}"
 
 
 def stored_curves(file: Path) -> dict[str, dict[str, float]]:
@@ -67,7 +70,7 @@ def closest_curve(curves: dict[str, dict[str, float]], key: str | None) -> dict[
 
 def carry_factor(curves: dict[str, dict[str, float]], measured_on: str, here: str) -> float:
     """What a solo speedup measured on machine ``measured_on`` is multiplied by on machine ``here``, from their
-    stored curves: :func:`~backends.dspark.scheduler.scaled_speedup` at a batch of one, which is linear in it."""
+    stored curves: :func:`~backends.scheduling.scaled_speedup` at a batch of one, which is linear in it."""
     there_curve, here_curve = (SpsCurve.from_stored(curves[machine]).monotone() for machine in (measured_on, here))
     return scaled_speedup(1.0, there_curve, here_curve)
 
@@ -83,24 +86,25 @@ def profiled_lengths(max_tokens: int) -> list[int]:
 
 @torch.inference_mode()
 def measure_sps(loaded: LoadedModel, max_tokens: int, repeats: int = 5) -> SpsCurve:
-    """Median time of a forward of 1..max_tokens tokens after a fixed context, as steps per second. A batched
-    forward of R rows of n tokens is taken to cost what one of R * n tokens does."""
-    model, device = loaded.model, loaded.device
+    """Median time of a forward of 1..max_tokens tokens after a fixed context, as steps per second, through the
+    batching engine's own forward (the packed engine's where it serves). A batched forward of R rows of n tokens is
+    taken to cost what one of R * n tokens does."""
     generator = torch.Generator().manual_seed(0)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    context = torch.randint(vocab, (1, CONTEXT_TOKENS), generator=generator).to(device)
-    cache = DynamicCache(config=model.config)
-    model(input_ids=context, cache=cache, use_cache=True)
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    kv, row, _ = _after_context(loaded, torch.randint(vocab, (CONTEXT_TOKENS,), generator=generator).tolist())
     steps: dict[int, float] = {}
     for tokens in profiled_lengths(max_tokens):
-        ids = torch.randint(vocab, (1, tokens), generator=generator).to(device)
-        steps[tokens] = 1.0 / _median_s(
-            partial(model, input_ids=ids, cache=cache, use_cache=True, output_hidden_states=True),
-            repeats,
-            device,
-            reset=partial(cache.crop, -tokens),
-        )
+        ids = torch.randint(vocab, (tokens,), generator=generator).tolist()
+        work = partial(kv.step, [ids], True)
+        steps[tokens] = 1.0 / _median_s(work, repeats, loaded.device, reset=partial(kv.rewind, row, tokens))
     return SpsCurve(steps)
+
+
+def _after_context(loaded: LoadedModel, context: list[int]) -> tuple[BatchedKV | PackedKV, object, ForwardOut]:
+    """A batch of one row that has run ``context`` (its outputs with every layer's states): where every profiled
+    forward starts."""
+    kv, row = batch_kv(loaded), object()
+    return kv, row, kv.prefill([row], [context], hidden_states=True)[0]
 
 
 @dataclass(frozen=True)
@@ -129,21 +133,18 @@ class RoundCosts:
 def measure_round(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5) -> RoundCosts:
     """Each part timed on its own, greedy, with the whole block drafted. Measured when a backend loads rather
     than stored, since the drafter's share belongs to the drafter, not the target."""
-    model, gamma = loaded.model, drafter.block_size
+    gamma = drafter.block_size
     generator = torch.Generator().manual_seed(0)
-    vocab = model.get_output_embeddings().weight.shape[0]
-    prompt = torch.randint(vocab, (1, CONTEXT_TOKENS), generator=generator).to(loaded.device)
-    cache = DynamicCache(config=model.config)
-    out = model(input_ids=prompt, cache=cache, use_cache=True, output_hidden_states=True)
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    prompt = torch.randint(vocab, (CONTEXT_TOKENS,), generator=generator).tolist()
+    kv, row, out = _after_context(loaded, prompt)
     features = target_features(out.hidden_states, drafter.config.target_layer_ids)[0]
     context = ContextCache(len(drafter.layers))
     drafter.extend_context(context, features)
 
     def forward(tokens: int, hidden_states: bool) -> tuple[Callable[[], object], Callable[[], object]]:
-        """A forward of ``tokens`` after the context, and the crop that takes them back out of the cache."""
-        ids = prompt[:, :tokens]
-        work = partial(model, input_ids=ids, cache=cache, use_cache=True, output_hidden_states=hidden_states)
-        return work, partial(cache.crop, -tokens)
+        """A forward of ``tokens`` after the context, and the rewind that takes them back out of the cache."""
+        return partial(kv.step, [prompt[:tokens]], hidden_states), partial(kv.rewind, row, tokens)
 
     hidden = drafter.draft_hidden(context, 0)
     base = drafter.base_logits(hidden)
@@ -186,7 +187,7 @@ def profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurv
     folder = Path(folder)
     curve = measure_sps(loaded, max_tokens)
     stored = stored_curves(folder / PROFILE_FILE)
-    stored[machine_key(loaded.device, loaded.model.dtype)] = {str(k): v for k, v in curve.steps_per_s.items()}
+    stored[machine_key(loaded.device, loaded.precision)] = {str(k): v for k, v in curve.steps_per_s.items()}
     with contextlib.suppress(OSError):
         (folder / PROFILE_FILE).write_text(json.dumps(stored, indent=2) + "\n")
     return curve
@@ -194,7 +195,7 @@ def profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurv
 
 def load_or_profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurve:
     """The stored curve for this machine when it covers ``max_tokens``, else a fresh measurement."""
-    stored = stored_curves(Path(folder) / PROFILE_FILE).get(machine_key(loaded.device, loaded.model.dtype))
+    stored = stored_curves(Path(folder) / PROFILE_FILE).get(machine_key(loaded.device, loaded.precision))
     if stored and max(map(int, stored)) >= max_tokens:
         return SpsCurve.from_stored(stored)
     return profile(folder, loaded, max_tokens)
@@ -214,7 +215,7 @@ def main() -> None:
     curve = profile(args.into or drafters_for(args.model), loaded, args.max_tokens)
     print(
         json.dumps(
-            {"machine": machine_key(loaded.device, loaded.model.dtype), "steps_per_s": curve.steps_per_s}, indent=2
+            {"machine": machine_key(loaded.device, loaded.precision), "steps_per_s": curve.steps_per_s}, indent=2
         )
     )
 

@@ -30,20 +30,21 @@ Text the grammar forces is committed in one target pass without drafting, as in 
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from dataclasses import dataclass, replace
 
 import torch
 
 from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
-from backends.dspark.decode import verify_greedy, verify_sampled
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.lookup import LookupSurvival, NgramLookup
-from backends.dspark.scheduler import VerifySchedule, prefix_survival
+from backends.dspark.verify import RoundStats, masked_by_grammar, verify
 from backends.loading import LoadedModel
 from backends.sampling import pick_token, sample, token_probs
-from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, Rewind, Schedule
-from backends.types import GenerationRequest, GenerationStats, SpanStats
+from backends.scheduling import VerifySchedule, prefix_survival
+from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, Rewind, Schedule, Step
+from backends.types import GenerationRequest, GenerationStats
 
 
 @dataclass
@@ -163,24 +164,77 @@ def one_hot(tokens: list[int], vocab_size: int, device: torch.device) -> torch.T
     return rows
 
 
-def verify(
-    tokens: list[int],
-    draft_probs: torch.Tensor | None,
-    logits: torch.Tensor,
-    request: GenerationRequest,
+@dataclass
+class Proposal:
+    """What a round verifies after its anchor."""
+
+    tokens: list[int]
+    probs: torch.Tensor | None = None
+    """[len(tokens), V] the distributions they were drawn from (sampling only)."""
+    refused: torch.Tensor | None = None
+    """The distribution of the drafted token the grammar refused right after ``tokens`` (see
+    :func:`~backends.dspark.verify.verify_sampled`)."""
+    copied: bool = False
+
+
+def cut(tokens: list[int], length: int, probs: torch.Tensor | None, constraint: GrammarConstraint | None) -> Proposal:
+    """The first ``length`` tokens the schedule chose, cut at the first one the grammar refuses."""
+    kept = tokens[:length]
+    if constraint is not None:
+        kept = kept[: constraint.valid_prefix(kept)]
+    refused = probs[len(kept)] if probs is not None and len(kept) < length else None
+    return Proposal(kept, None if probs is None else probs[: len(kept)], refused)
+
+
+class Drafting:
+    """One request's drafting state across rounds: the drafter's context cache and the target features it has not
+    taken in yet, its recent prefix survival, and the copies the context offers with what they earned."""
+
+    def __init__(self, drafter: DSparkDrafter, prompt: list[int]) -> None:
+        self.drafter = drafter
+        self.context = ContextCache(len(drafter.layers))
+        self.pending: list[torch.Tensor] = []
+        self.survival = RecentSurvival()
+        self.lookup, self.copies = NgramLookup(prompt), LookupSurvival()
+
+    @property
+    def committed(self) -> int:
+        return self.context.length + sum(features.shape[0] for features in self.pending)
+
+
+def propose(
+    state: Drafting,
     schedule: VerifySchedule,
+    anchor: int,
+    limit: int,
+    request: GenerationRequest,
     generator: torch.Generator | None,
-) -> tuple[int, int | None]:
-    """Accepted draft tokens and, when sampling, the token after them; ``draft_probs`` may hold one more row than
-    ``tokens``: the distribution of a token the grammar refused, rejected with certainty."""
-    if schedule.verification == "confidence":
-        return len(tokens), None
-    if request.greedy:
-        return verify_greedy(tokens, logits), None
-    target_probs = token_probs(logits, request)
-    rows = None if draft_probs is None else draft_probs[: len(tokens)]
-    refused = draft_probs[len(tokens)] if draft_probs is not None and draft_probs.shape[0] > len(tokens) else None
-    return verify_sampled(tokens, rows, target_probs, generator, refused)
+    constraint: GrammarConstraint | None,
+    vocab_size: int,
+) -> Generator[Step, int, Proposal]:
+    """A block copied from the context or drafted, whichever is expected to commit more tokens per second; its
+    length asked of the engine (``Budget`` before drafting, ``Schedule`` after)."""
+    copied = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else []
+    if copied and (
+        schedule.lookup == "only" or prefers_copy(schedule, state.copies.confidence(len(copied)), state.survival, limit)
+    ):
+        confidence = state.copies.confidence(len(copied))
+        budget = yield Budget(replace(schedule, draft_s=0.0), len(copied), tuple(prefix_survival(confidence)))
+        length = (yield Schedule(schedule, confidence, budget)) if budget else 0
+        probs = None if request.greedy else one_hot(copied, vocab_size, torch.device("cpu"))
+        return replace(cut(copied, length, probs, constraint), copied=True)
+    if schedule.lookup == "only":
+        return Proposal([])
+    limit = yield Budget(schedule, limit, state.survival.expected())
+    state.survival.drafted(limit)
+    if not limit:  # the drafter is skipped, and its context catches up on the next round that drafts
+        return Proposal([])
+    state.drafter.extend_context(state.context, torch.cat(state.pending))
+    state.pending = []
+    block = draft(state.drafter, state.context, anchor, request, generator, limit)
+    state.survival.add(block.confidence)
+    length = yield Schedule(schedule, block.confidence, limit)
+    return cut(block.tokens, length, block.probs, constraint)
 
 
 def decode(
@@ -195,26 +249,22 @@ def decode(
 ) -> DecodeLoop:
     """Yield the tokens each target pass commits; the engine closes the loop when output ends."""
     layer_ids = drafter.config.target_layer_ids
-    gamma = drafter.block_size
-    spans = stats.spans = SpanStats(
-        acceptance_by_offset=[0.0] * gamma, reached_by_offset=[0] * gamma, accepted_by_offset=[0] * gamma
-    )
-    verified_at, accepted_at = [0] * gamma, spans.accepted_by_offset
-    context = ContextCache(len(drafter.layers))
-    survival = RecentSurvival()
-    lookup, copies = NgramLookup(prompt), LookupSurvival()
+    rounds = RoundStats(stats, drafter.block_size)
+    state = Drafting(drafter, prompt)
     step = target_pass((yield Forward(prompt, hidden_states=True)), layer_ids)
     stats.forward_passes += 1
-    pending, logits, next_token = [step.features], step.logits[-1], None
+    state.pending.append(step.features)
+    logits, next_token, produced = step.logits[-1], None, 0
     try:
         while True:
             forced = forced_tokens(constraint, stats)
             if forced:
                 step = target_pass((yield Forward(forced, hidden_states=True)), layer_ids)
                 stats.forward_passes += 1
-                pending.append(step.features)
+                state.pending.append(step.features)
                 logits, next_token = step.logits[-1], None
-                lookup.extend(forced)
+                state.lookup.extend(forced)
+                produced += len(forced)
                 yield forced
                 continue
             anchor = next_token
@@ -224,63 +274,30 @@ def decode(
                 anchor = pick_token(logits, request, generator)
             if constraint is not None:
                 constraint.consume([anchor])
-            committed = context.length + sum(features.shape[0] for features in pending)
-            room = drafter.block_size if loaded.max_context is None else loaded.max_context - committed - 1
-            limit = max(0, min(schedule.limit(drafter.block_size), room))
-            copied = lookup.propose(anchor, limit) if schedule.lookup != "off" else []
-            copying = bool(copied) and (
-                schedule.lookup == "only" or prefers_copy(schedule, copies.confidence(len(copied)), survival, limit)
+            context_room = drafter.block_size if loaded.max_context is None else loaded.max_context - state.committed
+            limit = max(0, min(schedule.limit(drafter.block_size), context_room - 1, request.max_tokens - produced - 1))
+            proposal = yield from propose(
+                state, schedule, anchor, limit, request, generator, constraint, logits.shape[-1]
             )
-            tokens, probs = [], None
-            if copying:
-                confidence = copies.confidence(len(copied))
-                budget = yield Budget(replace(schedule, draft_s=0.0), len(copied), tuple(prefix_survival(confidence)))
-                length = (yield Schedule(schedule, confidence, budget)) if budget else 0
-                tokens = copied[:length]
-                if constraint is not None:
-                    tokens = tokens[: constraint.valid_prefix(tokens)]
-                kept_rows = len(tokens) + (len(tokens) < length)
-                probs = None if request.greedy else one_hot(copied[:kept_rows], logits.shape[-1], logits.device)
-            elif schedule.lookup != "only":
-                limit = yield Budget(schedule, limit, survival.expected())
-                survival.drafted(limit)
-                if limit:  # else the drafter is skipped, and its context catches up on the next round that drafts
-                    drafter.extend_context(context, torch.cat(pending))
-                    pending = []
-                    block = draft(drafter, context, anchor, request, generator, limit)
-                    survival.add(block.confidence)
-                    length = yield Schedule(schedule, block.confidence, limit)
-                    tokens = block.tokens[:length]
-                    if constraint is not None:
-                        tokens = tokens[: constraint.valid_prefix(tokens)]
-                    kept_rows = len(tokens) + (len(tokens) < length)
-                    probs = None if block.probs is None else block.probs[:kept_rows]
+            tokens = proposal.tokens
             step = target_pass((yield Forward([anchor, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1
-            step_logits = step.logits
-            if constraint is not None:
-                step_logits = step_logits.masked_fill(~constraint.span_masks(tokens).to(step_logits.device), -torch.inf)
-            accepted, next_token = verify(tokens, probs, step_logits, request, schedule, generator)
-            if copying:
-                copies.add(len(tokens), accepted)
-                spans.copied_rounds += 1
-            lookup.extend([anchor, *tokens[:accepted]])
+            step_logits = masked_by_grammar(step.logits, tokens, constraint)
+            probs = None if proposal.probs is None else proposal.probs.to(step_logits.device)
+            accepted, next_token = verify(
+                tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused
+            )
+            rounds.verified(len(tokens), accepted, proposal.copied)
+            if proposal.copied:
+                state.copies.add(len(tokens), accepted)
+            state.lookup.extend([anchor, *tokens[:accepted]])
             if len(tokens) > accepted:
                 yield Rewind(len(tokens) - accepted)
             if constraint is not None:
                 constraint.consume(tokens[:accepted])
-            for offset in range(len(tokens)):
-                verified_at[offset] += 1
-                accepted_at[offset] += offset < accepted
-                spans.reached_by_offset[offset] += offset <= accepted
-            spans.steps += 1
-            spans.fallback_steps += not tokens
-            spans.proposed_span_hist[1 + len(tokens)] = spans.proposed_span_hist.get(1 + len(tokens), 0) + 1
-            spans.accepted_span_hist[1 + accepted] = spans.accepted_span_hist.get(1 + accepted, 0) + 1
-            pending.append(step.features[: accepted + 1])
+            state.pending.append(step.features[: accepted + 1])
             logits = step_logits[accepted]
+            produced += 1 + accepted
             yield [anchor, *tokens[:accepted]]
     finally:
-        committed = sum(n * count for n, count in spans.accepted_span_hist.items())
-        spans.mean_accepted = committed / spans.steps if spans.steps else 0.0
-        spans.acceptance_by_offset = [a / v if v else 0.0 for a, v in zip(accepted_at, verified_at)]
+        rounds.close()

@@ -1,0 +1,124 @@
+"""Verification, shared by both DSpark loops (span heads and the published drafter): which drafted tokens the
+target keeps, the token after them, and the statistics of each round.
+
+``exact`` verification keeps greedy output identical to plain decoding (the longest prefix equal to the target's
+argmax) and sampled output equal in distribution (speculative sampling: accept x with probability min(1, p/q),
+resample from max(0, p - q) at the first rejection, draw a bonus token when all survive). ``confidence`` keeps
+the whole draft unverified. Under a grammar the target's logits are masked first, so a token the grammar refuses
+has p = 0 and is rejected like any other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.constraints import GrammarConstraint
+from backends.sampling import sample, token_probs
+from backends.types import GenerationRequest, GenerationStats, SpanStats
+
+
+def masked_by_grammar(logits: torch.Tensor, draft: list[int], constraint: GrammarConstraint | None) -> torch.Tensor:
+    """The verifying pass's logits [len(draft) + 1, V] with what the grammar refuses at each position set to -inf."""
+    if constraint is None:
+        return logits
+    return logits.masked_fill(~constraint.span_masks(draft).to(logits.device), -torch.inf)
+
+
+def verify(
+    draft: list[int],
+    draft_probs: torch.Tensor | None,
+    logits: torch.Tensor,
+    request: GenerationRequest,
+    verification: str,
+    generator: torch.Generator | None,
+    refused_probs: torch.Tensor | None = None,
+) -> tuple[int, int | None]:
+    """Accepted draft tokens and, when sampling, the token after them (None: the next round picks it from the
+    logits at the last kept position). ``draft_probs`` [len(draft), V] are the distributions the draft was drawn
+    from; ``refused_probs`` that of one more drafted token the grammar refused (see :func:`verify_sampled`)."""
+    if verification == "confidence":
+        return len(draft), None
+    if request.greedy:
+        return verify_greedy(draft, logits), None
+    return verify_sampled(draft, draft_probs, token_probs(logits, request), generator, refused_probs)
+
+
+def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> int:
+    """How many draft tokens equal the base model's argmax at their position."""
+    targets = torch.argmax(target_logits[: len(draft)], dim=-1).tolist()
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == targets[accepted]:
+        accepted += 1
+    return accepted
+
+
+def verify_sampled(
+    draft: list[int],
+    draft_probs: torch.Tensor | None,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None,
+    refused_probs: torch.Tensor | None = None,
+) -> tuple[int, int]:
+    """Speculative sampling: accept d with probability min(1, p(d)/q(d)); on rejection resample from
+    max(0, p - q), so every committed token is distributed exactly as plain sampling from p would be.
+
+    ``target_probs`` has a row per draft token plus one for the position after the whole draft. Returns the
+    accepted count and the token that follows them: the correction, or with every draft token accepted, the
+    bonus token sampled from that last row, so the next round needs no sampling of its own. Every position's
+    uniform is drawn at once: the draws are independent, so those past the first rejection are simply unused,
+    and the test is one vectorised comparison instead of a Python loop over scalars. ``refused_probs`` stands for
+    one more drafted token after the draft that the grammar refused: certainly rejected (p = 0), so what follows
+    the draft is drawn from max(0, p - q) with its q, as for any rejection, not from p; that keeps output exact."""
+
+    def after_draft() -> int:
+        if refused_probs is not None:
+            return draw_residual(target_probs[len(draft)], refused_probs, generator)
+        return int(sample(target_probs[len(draft)], generator))
+
+    if not draft:
+        return 0, after_draft()
+    positions = torch.arange(len(draft), device=target_probs.device)
+    tokens = torch.tensor(draft, dtype=torch.long, device=target_probs.device)
+    p, q = target_probs[positions, tokens], draft_probs[positions, tokens]
+    u = torch.rand(len(draft), generator=generator, device=target_probs.device)
+    rejected = ((q <= 0) | (u * q > p)).tolist()
+    if True not in rejected:
+        return len(draft), after_draft()
+    i = rejected.index(True)
+    return i, draw_residual(target_probs[i], draft_probs[i], generator)
+
+
+def draw_residual(target: torch.Tensor, draft: torch.Tensor, generator: torch.Generator | None) -> int:
+    """The token after a rejected draft token: drawn from max(0, p - q), or from p where q covers it all."""
+    residual = torch.clamp(target - draft, min=0.0)
+    return int(sample(residual if residual.sum() > 0 else target, generator))
+
+
+class RoundStats:
+    """A request's rounds as :class:`~backends.types.SpanStats` counts them: what each round proposed, what the
+    target kept at each draft position, and (when the loop closes) the means the router and benchmarks read."""
+
+    def __init__(self, stats: GenerationStats, width: int) -> None:
+        self.spans = stats.spans = SpanStats(
+            acceptance_by_offset=[0.0] * width, reached_by_offset=[0] * width, accepted_by_offset=[0] * width
+        )
+        self._verified_at = [0] * width
+
+    def verified(self, drafted: int, accepted: int, copied: bool = False) -> None:
+        """One round: ``drafted`` tokens verified after the anchor, ``accepted`` of them kept."""
+        spans = self.spans
+        for offset in range(drafted):
+            self._verified_at[offset] += 1
+            spans.accepted_by_offset[offset] += offset < accepted
+            spans.reached_by_offset[offset] += offset <= accepted
+        spans.steps += 1
+        spans.fallback_steps += drafted == 0
+        spans.copied_rounds += copied
+        spans.proposed_span_hist[1 + drafted] = spans.proposed_span_hist.get(1 + drafted, 0) + 1
+        spans.accepted_span_hist[1 + accepted] = spans.accepted_span_hist.get(1 + accepted, 0) + 1
+
+    def close(self) -> None:
+        spans = self.spans
+        committed = sum(n * count for n, count in spans.accepted_span_hist.items())
+        spans.mean_accepted = committed / spans.steps if spans.steps else 0.0
+        spans.acceptance_by_offset = [a / v if v else 0.0 for a, v in zip(spans.accepted_by_offset, self._verified_at)]

@@ -1,0 +1,61 @@
+"""Compile the packed engine's kernels (``kernels.cpp``) on first use, once per machine and torch version.
+
+torch's C++ extension loader builds with the compiler already on the machine and caches the library under
+``TORCH_EXTENSIONS_DIR`` (``~/.cache/torch_extensions``), so only the first process on a machine waits for it
+(about a minute on 2 cores). The flags ask for AVX2 with FMA and F16C, which every x86 CPU this project runs on
+has; the AVX-512 kernels inside are compiled for their own target and chosen at run time
+(:func:`kernels_name`), so one build runs on AVX2-only and AVX-512 CPUs alike.
+"""
+
+from __future__ import annotations
+
+import platform
+import threading
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+
+from backends.errors import ModelLoadError
+
+SOURCE = Path(__file__).with_name("kernels.cpp")
+FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17"]
+"""No fp contraction: every fused multiply-add is written out, so both instruction sets round alike. OpenMP, because
+``at::parallel_for`` runs serially in code compiled without it; the library it links is the libgomp torch has
+already loaded (same soname), so the kernels share torch's threads."""
+_BUILD_LOCK = threading.Lock()
+
+
+def supported() -> bool:
+    """Whether this machine can run the kernels: x86-64 with AVX2, FMA and F16C."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return all(flag in flags for flag in ("avx2", "fma", "f16c"))
+
+
+@cache
+def _compiled() -> ModuleType:
+    from torch.utils.cpp_extension import load
+
+    return load(
+        name="dspark_packed",
+        sources=[str(SOURCE)],
+        extra_cflags=FLAGS,
+        extra_ldflags=["-fopenmp"],
+        extra_include_paths=[str(SOURCE.parent)],
+        verbose=False,
+    )
+
+
+def kernels() -> ModuleType:
+    """The compiled module (built now if this machine has no build yet)."""
+    if not supported():
+        raise ModelLoadError("the packed engine needs an x86-64 CPU with AVX2, FMA and F16C", param="dtype")
+    with _BUILD_LOCK:
+        try:
+            return _compiled()
+        except (OSError, RuntimeError) as exc:
+            raise ModelLoadError(f"cannot build the packed engine's kernels: {exc}", param="dtype") from exc

@@ -1,0 +1,87 @@
+"""The running batch on the packed engine: one KV cache per request, one forward for every row's tokens.
+
+The same interface as :class:`backends.batch_kv.BatchedKV` (``prefill``, ``step``, ``rewind``, ``remove``), so the
+batching engine drives either. It is simpler because the engine's kernels take ragged batches as they come:
+every row's tokens are laid end to end, each with its request's cache and position, so nothing is padded or
+masked. A rejected draft is forgotten by moving the request's length back (the next forward writes over its
+slots), and a request that leaves takes its cache with it. A request's cache grows by doubling when a forward
+would run past it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from backends.loading import LoadedModel
+from backends.steps import ForwardOut
+
+FIRST_ROOM = 256
+"""Positions a new request's cache holds past its prompt before it first grows."""
+
+
+class PackedKV:
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.model = loaded.packed
+        self.members: list[object] = []
+        self.lengths: list[int] = []
+        self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.members)
+
+    def __contains__(self, member: object) -> bool:
+        return any(m is member for m in self.members)
+
+    def prefill(self, members: list[object], prompts: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
+        """Newcomers join as rows, their prompts run in one forward (positions from 0)."""
+        first = self.rows
+        for member, prompt in zip(members, prompts):
+            self.members.append(member)
+            self.lengths.append(0)
+            self.caches.append(self.model.new_cache(len(prompt) + FIRST_ROOM))
+        return self._forward(list(range(first, self.rows)), prompts, hidden_states)
+
+    def step(self, inputs: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
+        """One forward over every row, row r fed ``inputs[r]`` (at least one token each)."""
+        if len(inputs) != self.rows:
+            raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
+        return self._forward(list(range(self.rows)), inputs, hidden_states)
+
+    def rewind(self, member: object, tokens: int) -> None:
+        """Forget the last ``tokens`` positions of ``member``'s row (its rejected draft)."""
+        if tokens > 0:
+            self.lengths[self._index(member)] -= tokens
+
+    def remove(self, member: object) -> None:
+        r = self._index(member)
+        del self.members[r], self.lengths[r], self.caches[r]
+
+    def _forward(self, rows: list[int], inputs: list[list[int]], hidden_states: bool) -> list[ForwardOut]:
+        counts = [len(tokens) for tokens in inputs]
+        for r, n in zip(rows, counts):
+            self._reserve(r, self.lengths[r] + n)
+        tokens = torch.tensor([t for row in inputs for t in row], dtype=torch.long)
+        seq = torch.repeat_interleave(torch.tensor(rows), torch.tensor(counts))
+        positions = torch.cat([torch.arange(self.lengths[r], self.lengths[r] + n) for r, n in zip(rows, counts)])
+        hidden, logits, states = self.model.forward(tokens, seq, positions, self.caches, hidden_states)
+        results, start = [], 0
+        for r, n in zip(rows, counts):
+            self.lengths[r] += n
+            end = start + n
+            layers = tuple(layer[None, start:end] for layer in states) if states is not None else None
+            results.append(ForwardOut(hidden[start:end], logits[start:end], layers))
+            start = end
+        return results
+
+    def _reserve(self, r: int, positions: int) -> None:
+        keys, values = self.caches[r]
+        if positions <= keys.shape[2]:
+            return
+        grown = self.model.new_cache(max(positions, 2 * keys.shape[2]))
+        for old, new in zip((keys, values), grown):
+            new[:, :, : self.lengths[r]] = old[:, :, : self.lengths[r]]
+        self.caches[r] = grown
+
+    def _index(self, member: object) -> int:
+        return next(i for i, m in enumerate(self.members) if m is member)

@@ -1,0 +1,144 @@
+"""The target as the packed engine serves it: a Llama-family model read from its GGUF blocks.
+
+:class:`PackedLlama` holds the blocks (:mod:`backends.packed.weights`) and one compiled ``PackedModel``
+(``kernels.cpp``) that runs a whole forward in one call. It keeps the GGUF's row order: llama.cpp's converter
+interleaves each head's query and key rows, so RoPE here rotates adjacent pairs, which gives the same attention
+scores as transformers' rotate-half on the original order. Everything else (hidden states, logits) comes out in
+the reference model's order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig
+
+from backends.errors import ModelLoadError
+from backends.packed.build import kernels
+from backends.packed.weights import KERNEL_TYPES, PACKED_FILE, BlockTensor, read_packed
+
+QUANTIZED_PRECISION = "gguf"
+"""How a machine key and a benchmark name what the packed engine serves (the GGUF's own blocks)."""
+
+
+@dataclass(frozen=True)
+class PackedShape:
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    layers: int
+    vocab: int
+    eps: float
+    rope_theta: float
+    max_positions: int
+
+
+def has_packed(folder: Path) -> bool:
+    return (folder / PACKED_FILE).is_file()
+
+
+class PackedLlama:
+    def __init__(self, folder: Path) -> None:
+        config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        if config.model_type != "llama":
+            raise ModelLoadError(f"the packed engine runs Llama-family models, not {config.model_type}", param="model")
+        rope = getattr(config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": config.rope_theta}
+        if rope.get("rope_type", "default") != "default":
+            raise ModelLoadError(f"the packed engine has no {rope['rope_type']} RoPE scaling", param="model")
+        self.shape = PackedShape(
+            hidden=config.hidden_size,
+            heads=config.num_attention_heads,
+            kv_heads=config.num_key_value_heads,
+            head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+            ffn=config.intermediate_size,
+            layers=config.num_hidden_layers,
+            vocab=config.vocab_size,
+            eps=float(config.rms_norm_eps),
+            rope_theta=float(rope["rope_theta"]),
+            max_positions=config.max_position_embeddings,
+        )
+        tensors = read_packed(folder)
+        matrices = [_tensor(tensors, "token_embd.weight"), tensors.get("output.weight") or tensors["token_embd.weight"]]
+        norms = [_tensor(tensors, "output_norm.weight").data]
+        for layer in range(self.shape.layers):
+            block = f"blk.{layer}."
+            matrices += [
+                _rows([_tensor(tensors, block + n) for n in ("attn_q.weight", "attn_k.weight", "attn_v.weight")]),
+                _tensor(tensors, block + "attn_output.weight"),
+                _rows([_tensor(tensors, block + n) for n in ("ffn_gate.weight", "ffn_up.weight")]),
+                _tensor(tensors, block + "ffn_down.weight"),
+            ]
+            norms += [_tensor(tensors, block + n).data for n in ("attn_norm.weight", "ffn_norm.weight")]
+        self.weight_bytes = sum(m.data.numel() * m.data.element_size() for m in matrices[1:])
+        """Bytes a forward reads from the weight matrices (the LM head and every layer; the embedding gives one row
+        a token): the weight-read floor's numerator."""
+        cos, sin = rope_tables(self.shape)
+        s = self.shape
+        self.engine = kernels().PackedModel(
+            s.hidden,
+            s.heads,
+            s.kv_heads,
+            s.head_dim,
+            s.ffn,
+            s.eps,
+            [_bytes(m) for m in matrices],
+            [KERNEL_TYPES[m.ggml_type] for m in matrices],
+            [n.float().contiguous() for n in norms],
+            cos,
+            sin,
+        )
+
+    def new_cache(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence's keys and values, room for ``capacity`` positions."""
+        s = self.shape
+        shape = (s.layers, s.kv_heads, capacity, s.head_dim)
+        return torch.zeros(shape), torch.zeros(shape)
+
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        seq: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[tuple[torch.Tensor, torch.Tensor]],
+        states: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Normed last hidden state [T, hidden], logits [T, vocab] and (``states``) every layer's input plus the
+        normed output [layers + 1, T, hidden]; token t is sequence ``seq[t]``'s, at ``positions[t]``."""
+        hidden, logits, layers = self.engine.forward(
+            tokens, seq, positions, [k for k, _ in caches], [v for _, v in caches], True, states
+        )
+        return hidden, logits, layers if states else None
+
+
+def rope_tables(shape: PackedShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [max_positions, head_dim / 2], computed as transformers computes Llama's default RoPE."""
+    exponents = torch.arange(0, shape.head_dim, 2, dtype=torch.int64).float() / shape.head_dim
+    inv_freq = 1.0 / (shape.rope_theta**exponents)
+    freqs = torch.arange(shape.max_positions).float()[:, None] * inv_freq[None, :]
+    return freqs.cos().contiguous(), freqs.sin().contiguous()
+
+
+def _tensor(tensors: dict[str, BlockTensor], name: str) -> BlockTensor:
+    if name not in tensors:
+        raise ModelLoadError(f"the packed weights have no {name}", param="model")
+    return tensors[name]
+
+
+def _rows(parts: list[BlockTensor]) -> BlockTensor:
+    """Matrices of one input width stacked by rows (query, key and value; gate and up): one product instead of
+    several. Parts in different formats cannot share a row layout."""
+    kinds = {p.ggml_type for p in parts}
+    if len(kinds) != 1:
+        raise ModelLoadError("the packed engine needs q, k, v (and gate, up) in one block format", param="model")
+    rows = sum(p.shape[0] for p in parts)
+    return BlockTensor(torch.cat([p.data for p in parts]), parts[0].ggml_type, (rows, parts[0].shape[1]))
+
+
+def _bytes(matrix: BlockTensor) -> torch.Tensor:
+    """A matrix as the kernels take it: uint8 [rows, row bytes] (float32 rows as their raw bytes)."""
+    data = matrix.data.contiguous()
+    return data.view(torch.uint8).reshape(matrix.shape[0], -1) if data.dtype != torch.uint8 else data

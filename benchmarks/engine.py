@@ -1,0 +1,173 @@
+"""``dspark-router bench engine``: what one forward costs, by the number of tokens in it, on each engine that can
+serve the model, beside the weight-read floor measured in the same run.
+
+Speculative decoding pays only where verifying k + 1 tokens costs about one step, and a step can only approach
+the time it takes to read the weights once. So this benchmark reports, for the packed engine (the GGUF's own
+blocks) and transformers (float32, and bfloat16 where the CPU has it):
+
+- a forward of 1, 2, 4, 8 and 16 new tokens after a context of :data:`CONTEXT` tokens, median milliseconds,
+  through the same batch object the decode engine drives (so the Python around the kernels is counted);
+- the floor: a memory-read probe (a sum over a buffer the size of the weights a forward reads, as fast as this
+  machine streams memory), and the step over it;
+- verifying passes of 4 and 8 tokens over one step;
+- where the packed engine's step goes: its weight matrices alone (each multiplied on its own), the kernel call
+  (adding attention, norms and the rest), and the Python around it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from backends.default_model import DEFAULT_MODEL
+from backends.engine import batch_kv
+from backends.loading import LoadedModel, cpu_has_bf16, cpu_name, load_model
+from backends.packed.build import kernels
+from backends.threads import on_own_thread
+from benchmarks.output import write_json
+
+CONTEXT = 256
+TOKENS = (1, 2, 4, 8, 16)
+
+
+def median_ms(work: Callable[[], object], repeats: int, reset: Callable[[], object] | None = None) -> float:
+    """Median of ``repeats`` timings after two untimed calls; ``reset`` runs untimed after each."""
+    times = []
+    for i in range(repeats + 2):
+        started = time.perf_counter()
+        work()
+        if i >= 2:
+            times.append(time.perf_counter() - started)
+        if reset is not None:
+            reset()
+    return 1e3 * statistics.median(times)
+
+
+def read_floor_ms(size_bytes: int, repeats: int) -> float:
+    """The time to read ``size_bytes`` once: a float32 sum over a buffer that size (cold to the cache: two buffers
+    taken in turn, each larger than the caches a core owns)."""
+    buffers = [torch.ones(size_bytes // 4) for _ in range(2)]
+    turn = iter(range(10**9))
+    return median_ms(lambda: buffers[next(turn) % 2].sum(), repeats)
+
+
+def forward_costs(loaded: LoadedModel, repeats: int) -> dict[int, float]:
+    """Median ms of a forward of n tokens after the context, every layer's states kept (as a verification asks)."""
+    kv, row = batch_kv(loaded), object()
+    generator = torch.Generator().manual_seed(0)
+    vocab = loaded.model.get_output_embeddings().weight.shape[0]
+    kv.prefill([row], [torch.randint(vocab, (CONTEXT,), generator=generator).tolist()])
+    costs = {}
+    for n in TOKENS:
+        ids = torch.randint(vocab, (n,), generator=generator).tolist()
+        costs[n] = median_ms(lambda ids=ids: kv.step([ids], True), repeats, reset=lambda n=n: kv.rewind(row, n))
+    return costs
+
+
+def packed_breakdown(loaded: LoadedModel, repeats: int) -> dict[str, float]:
+    """One token's step on the packed engine, split: every weight matrix multiplied on its own (the LM head apart),
+    the whole kernel call, and the Python batch object around it."""
+    packed = loaded.packed
+    engine, shape = packed.engine, packed.shape
+    widths = [shape.hidden] * 2 + [shape.hidden, shape.heads * shape.head_dim, shape.hidden, shape.ffn] * shape.layers
+    inputs = [torch.randn(1, k) for k in widths]
+    layers = median_ms(lambda: [engine.matmul(i, x) for i, x in enumerate(inputs) if i >= 2], repeats)
+    lm_head = median_ms(lambda: engine.matmul(1, inputs[1]), repeats)
+    cache = packed.new_cache(CONTEXT + 1)
+    context = torch.arange(CONTEXT)
+    packed.forward(context, torch.zeros(CONTEXT, dtype=torch.long), context, [cache])
+    one = (torch.tensor([7]), torch.zeros(1, dtype=torch.long), torch.tensor([CONTEXT]))
+    kernel = median_ms(lambda: packed.forward(*one, [cache]), repeats)
+    return {"layer_weights_ms": layers, "lm_head_ms": lm_head, "kernel_call_ms": kernel}
+
+
+def measure(model: Path, repeats: int) -> dict:
+    engines = {"packed": "gguf", "transformers_float32": "float32"}
+    if cpu_has_bf16():
+        engines["transformers_bfloat16"] = "bfloat16"
+    report: dict = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "context": CONTEXT, "engines": {}}
+    for name, dtype in engines.items():
+        loaded = load_model(model, device="cpu", dtype=dtype)
+        costs = on_own_thread(lambda loaded=loaded: forward_costs(loaded, repeats))
+        entry = {"forward_ms": costs, "verify4_steps": costs[4] / costs[1], "verify8_steps": costs[8] / costs[1]}
+        if loaded.packed is not None:
+            floor = on_own_thread(lambda loaded=loaded: read_floor_ms(loaded.packed.weight_bytes, repeats))
+            entry |= {
+                "kernels": loaded.packed.engine.kernels,
+                "weight_bytes": loaded.packed.weight_bytes,
+                "read_floor_ms": floor,
+                "step_over_floor": costs[1] / floor,
+                "breakdown": on_own_thread(lambda loaded=loaded: packed_breakdown(loaded, repeats)),
+            }
+        report["engines"][name] = entry
+    return report
+
+
+def format_table(report: dict) -> str:
+    lines = [
+        f"{report['cpu']}, {report['threads']} threads, context {report['context']}",
+        f"{'engine':<22}" + "".join(f"{n:>6}" for n in TOKENS) + "  v4/1  v8/1",
+    ]
+    for name, entry in report["engines"].items():
+        costs = entry["forward_ms"]
+        cells = "".join(f"{costs[n]:6.1f}" for n in TOKENS)
+        lines.append(f"{name:<22}{cells}{entry['verify4_steps']:6.2f}{entry['verify8_steps']:6.2f}")
+    packed = report["engines"].get("packed")
+    if packed:
+        b = packed["breakdown"]
+        lines.append(
+            f"floor {packed['read_floor_ms']:.1f} ms ({packed['weight_bytes'] / 1e6:.0f} MB read); "
+            f"step {packed['step_over_floor']:.2f}x it"
+        )
+        lines.append(
+            f"one step: layer weights {b['layer_weights_ms']:.1f}, LM head {b['lm_head_ms']:.1f}, "
+            f"kernel call {b['kernel_call_ms']:.1f} ms ({packed['kernels']})"
+        )
+    return "\n".join(lines)
+
+
+def plot(report: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for name, entry in report["engines"].items():
+        ax.plot(TOKENS, [entry["forward_ms"][n] for n in TOKENS], marker="o", label=name)
+    packed = report["engines"].get("packed")
+    if packed:
+        ax.axhline(packed["read_floor_ms"], color="grey", linestyle="--", label="weight-read floor (packed)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(TOKENS, [str(n) for n in TOKENS])
+    ax.set_xlabel("tokens in the forward")
+    ax.set_ylabel("ms (median)")
+    ax.set_title(f"Forward cost, {report['cpu']}, {report['threads']} threads", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--plot", type=Path, help="write the PNG here")
+
+
+def run(args: argparse.Namespace) -> int:
+    kernels()
+    report = measure(args.model, args.repeats)
+    print(format_table(report))
+    if args.json:
+        write_json(args.json, report)
+    if args.plot:
+        plot(report, args.plot)
+    return 0

@@ -1,0 +1,107 @@
+"""The packed engine on the default model as it is served (its GGUF's own Q4_1 and Q8_0 blocks): a token's logits
+do not depend on what shares its forward, so greedy DSpark is greedy plain decoding token for token, a request
+decodes the same alone or in a busy batch, both instruction sets give the same bits, and pools share one copy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from backends.autoregressive import AutoregressiveBackend
+from backends.default_model import DEFAULT_MODEL
+from backends.dspark import DSparkBackend
+from backends.loading import load_shared
+from backends.packed.kv import PackedKV
+from backends.packed.model import QUANTIZED_PRECISION, PackedLlama
+from backends.types import GenerationRequest
+from tests.test_batching import complete_together
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.",
+    'Extract the name and age as JSON: "Maria is 34 and lives in Lisbon."',
+    "Summarise in one sentence: the meeting moved to Tuesday because the room was booked.",
+]
+
+
+@pytest.fixture(scope="module")
+def served():
+    return load_shared(DEFAULT_MODEL)
+
+
+@pytest.fixture(scope="module")
+def backends(served):
+    return AutoregressiveBackend(served), DSparkBackend.from_pretrained(DEFAULT_MODEL, drafter="dspark")
+
+
+def _ids(served, text: str) -> list[int]:
+    return served.tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+
+
+def test_the_default_model_is_served_from_its_blocks(served):
+    assert served.precision == QUANTIZED_PRECISION and served.packed.weight_bytes < 100e6
+
+
+def test_a_tokens_logits_do_not_depend_on_what_shares_its_forward(served):
+    """The last prompt token: in the prompt's own forward, alone after the rest, and in one forward with 15 other
+    requests' tokens (rows of 1 to 8 tokens at other positions)."""
+    ids = _ids(served, PROMPTS[0])
+    whole = PackedKV(served)
+    reference = whole.prefill([object()], [ids])[0].logits[-1]
+    alone = PackedKV(served)
+    row = object()
+    alone.prefill([row], [ids[:-1]])
+    assert torch.equal(alone.step([ids[-1:]])[0].logits[0], reference)
+    busy = PackedKV(served)
+    others = [_ids(served, f"Question {i}: what is {i} + {i}?") for i in range(15)]
+    busy.prefill([object() for _ in others] + [object()], [*others, ids[:-1]])
+    inputs = [other[: 1 + i % 8] for i, other in enumerate(others)] + [ids[-1:]]
+    assert torch.equal(busy.step(inputs)[-1].logits[0], reference)
+
+
+def test_both_instruction_sets_give_the_same_bits(served, monkeypatch):
+    ids = _ids(served, PROMPTS[1])
+    logits = {}
+    for kernels in ("avx2", "avx512"):
+        monkeypatch.setenv("DSPARK_KERNELS", kernels)
+        model = PackedLlama(DEFAULT_MODEL)
+        if kernels == "avx512" and model.engine.kernels != "avx512":
+            pytest.skip("this CPU has no AVX-512")
+        kv = PackedKV(served)
+        kv.model = model
+        logits[kernels] = kv.prefill([object()], [ids])[0].logits
+    assert torch.equal(logits["avx2"], logits["avx512"])
+
+
+def test_greedy_dspark_is_greedy_autoregressive_token_for_token(backends):
+    plain, dspark = backends
+    passes = {"plain": 0, "off": 0, "beside": 0}
+    for text in PROMPTS:
+        request = GenerationRequest(messages=[{"role": "user", "content": text}], max_tokens=48, temperature=0.0)
+        expected = plain.complete(request)
+        passes["plain"] += expected.stats.forward_passes
+        for lookup in ("off", "beside"):
+            drafted = dspark.complete(request.model_copy(update={"lookup": lookup}))
+            assert drafted.token_ids == expected.token_ids, (text, lookup)
+            passes[lookup] += drafted.stats.forward_passes
+    assert passes["off"] < passes["plain"] and passes["beside"] < passes["plain"]
+
+
+def test_a_greedy_request_decodes_the_same_alone_and_among_15_others(backends):
+    plain, dspark = backends
+    mine = GenerationRequest(messages=[{"role": "user", "content": PROMPTS[2]}], max_tokens=32, temperature=0.0)
+    others = [
+        GenerationRequest(messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=8 + i, temperature=0.0)
+        for i in range(15)
+    ]
+    for backend in (plain, dspark):
+        alone = backend.complete(mine)
+        together, records = complete_together(backend, [*others, mine])
+        assert together[-1].token_ids == alone.token_ids
+        assert max(r.rows for r in records) == 16
+
+
+def test_pools_on_one_model_share_one_packed_copy(served, backends):
+    plain, dspark = backends
+    assert plain.loaded.packed is dspark.loaded.packed is served.packed
