@@ -12,9 +12,9 @@ from backends import AutoregressiveBackend, GenerationRequest, engine
 from backends.batch_kv import SlotLayer
 from backends.dspark import published_decode
 from backends.dspark.backend import DSparkBackend
-from backends.dspark.scheduler import SpsCurve, VerifySchedule, choose_lengths, draft_budget
 from backends.engine import BatchLimits, StepRecord
 from backends.errors import QueueFullError
+from backends.scheduling import SpsCurve, VerifySchedule, choose_lengths, draft_budget
 from router.pools import InProcessPool
 from tests.test_dspark import assert_equal_or_near_tie, perturbed_heads_model
 from tests.test_dspark_drafter import perturbed_drafter

@@ -85,7 +85,7 @@ def test_retraining_from_a_log_keeps_the_curve_of_the_machine_that_measured_it(c
     import torch
 
     from backends.dspark.profile import machine_key
-    from backends.dspark.scheduler import PROFILE_FILE
+    from backends.scheduling import PROFILE_FILE
 
     root, measurements = calibrated
     model = root / "tiny-dspark"
@@ -117,7 +117,7 @@ def test_speedups_from_several_machines_are_carried_to_one_before_training(calib
     import torch
 
     from backends.dspark.profile import machine_key, stored_curves
-    from backends.dspark.scheduler import PROFILE_FILE, SpsCurve, scaled_speedup
+    from backends.scheduling import PROFILE_FILE, SpsCurve, scaled_speedup
     from classifiers.calibrate import carried_to
 
     root, measurements = calibrated

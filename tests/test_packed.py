@@ -105,3 +105,15 @@ def test_a_greedy_request_decodes_the_same_alone_and_among_15_others(backends):
 def test_pools_on_one_model_share_one_packed_copy(served, backends):
     plain, dspark = backends
     assert plain.loaded.packed is dspark.loaded.packed is served.packed
+
+
+def test_a_cache_that_grows_keeps_every_position(served, monkeypatch):
+    """A request's cache doubles when a forward would run past it; what it held comes along exactly."""
+    ids = _ids(served, PROMPTS[0])
+    roomy = PackedKV(served)
+    expected = roomy.prefill([object()], [ids])[0].logits
+    monkeypatch.setattr("backends.packed.kv.FIRST_ROOM", 1)
+    tight, row = PackedKV(served), object()
+    logits = [tight.prefill([row], [ids[:4]])[0].logits]
+    logits += [tight.step([[token]])[0].logits for token in ids[4:]]
+    assert tight.caches[0][1].shape[2] > 16 and torch.equal(torch.cat(logits), expected)  # it grew from 16
