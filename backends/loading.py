@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import logging as hf_logging
 
 from backends.errors import InvalidRequestError, ModelLoadError
-from backends.packed.build import supported as packed_supported
+from backends.packed.build import usable as packed_usable
 from backends.packed.model import QUANTIZED_PRECISION, PackedLlama, has_packed
 from backends.prompting import prompt_messages
 from backends.types import GenerationRequest
@@ -112,7 +112,7 @@ def resolve_precision(dtype: str, device: torch.device, path: Path | None) -> to
     :func:`resolve_dtype`. The packed engine is the default because it reads 4-bit blocks, not float copies of them,
     and gives every token the same logits whatever shares its forward (greedy speculative decoding is then exactly
     plain decoding)."""
-    packable = device.type == "cpu" and path is not None and has_packed(path) and packed_supported()
+    packable = device.type == "cpu" and path is not None and has_packed(path) and packed_usable()
     if dtype == QUANTIZED_PRECISION and not packable:
         raise InvalidRequestError(
             "dtype gguf needs a folder converted from a GGUF with Q4_1, Q8_0 or float blocks (dspark-router convert) "

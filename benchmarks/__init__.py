@@ -12,7 +12,7 @@ import argparse
 from collections.abc import Callable
 from typing import NamedTuple
 
-from benchmarks import batching, decode, engine, gateway, pools, quality, route, structured, suite, workload
+from benchmarks import batching, decode, engine, fleet, gateway, pools, quality, route, structured, suite, workload
 
 
 class Benchmark(NamedTuple):
@@ -62,6 +62,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         "a mixed agent workload arriving open loop at rising rates, through the router under each policy",
         workload.add_arguments,
         workload.run,
+    ),
+    "fleet": Benchmark(
+        "the shipped policy on a simulated fleet (a discrete-event simulation): latency and throughput from light "
+        "load to past saturation, against single pools and an oracle",
+        fleet.add_arguments,
+        fleet.run,
     ),
     "gateway": Benchmark(
         "the REST gateway's added latency, time to first token and /v1/route throughput, against in-process calls",

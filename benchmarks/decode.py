@@ -4,7 +4,9 @@ paths, one run.
 Every prompt is run by every contender back to back (interleaved, after a warm-up), on the same model and
 the same thread count, so machine noise hits all of them alike and the speedups are ratios measured side by
 side. Contenders: our autoregressive backend, transformers greedy ``generate()`` and prompt-lookup decoding
-(``prompt_lookup_num_tokens``), and the DSpark pool's variants (:data:`VARIANTS`: span heads, the published
+(``prompt_lookup_num_tokens``) on the float32 reference, llama.cpp on the same GGUF, plain and with its own
+prompt lookup (:mod:`benchmarks.llama_cpp_peer`, where ``llama-cpp-python`` is installed), and the DSpark pool's
+variants (:data:`VARIANTS`: span heads, the published
 drafter, that drafter with copied blocks beside it, copied blocks alone), exact; with ``--confidence-mode`` also
 heads and drafter committing their drafts unverified. (Assisted generation needs a smaller model on the target's
 tokenizer; SmolLM2-135M is the smallest of its family, so there is none to run.)
@@ -46,6 +48,7 @@ from backends.types import DSparkOptions, GenerationRequest, SpanStats
 from benchmarks import decode_plots, decode_probe
 from benchmarks.decode_sets import PromptSet, held_out_sets, shared_sets
 from benchmarks.decode_ties import Tie, find_tie
+from benchmarks.llama_cpp_peer import LlamaCppPeer, gguf_for
 from benchmarks.output import write_json, write_plots
 
 DRAFTERS = ("heads", "dspark")
@@ -132,6 +135,7 @@ class Contenders:
         variants: list[str],
         dtype: str = "auto",
         confidence_mode: bool = False,
+        gguf: Path | None = None,
     ) -> None:
         self.variants = variants
         self.drafters = [d for d in DRAFTERS if any(VARIANTS[v][0] == d for v in variants)]
@@ -140,6 +144,12 @@ class Contenders:
             model_path, device="cpu", dtype=dtype, drafter=self.drafters[0], drafter_path=drafters_path
         )
         self.ar = AutoregressiveBackend(self.dspark.loaded)
+        eos = self.dspark.loaded.eos_ids
+        self.llama_cpp = {
+            name: on_own_thread(lambda lookup=lookup: LlamaCppPeer(gguf, eos, lookup), name="llama-cpp-load")
+            for name, lookup in (("llama_cpp", False), ("llama_cpp_lookup", True))
+            if gguf is not None
+        }
 
     def runners(self) -> dict[str, Callable[[GenerationRequest], Run]]:
         runners = {
@@ -147,6 +157,8 @@ class Contenders:
             "hf_greedy": lambda r: self._hf(r),
             "hf_prompt_lookup": lambda r: self._hf(r, prompt_lookup_num_tokens=10),
         }
+        for name, peer in self.llama_cpp.items():
+            runners[name] = lambda r, peer=peer: self._llama_cpp(peer, r)
         for variant in self.variants:
             options = VARIANTS[variant][1]
             modes = [("", options)]
@@ -162,6 +174,12 @@ class Contenders:
     def _local(backend, request: GenerationRequest) -> Run:
         result = backend.complete(request)
         return Run(tokens=result.token_ids, seconds=result.stats.wall_time_s, spans=result.stats.spans)
+
+    def _llama_cpp(self, peer: LlamaCppPeer, request: GenerationRequest) -> Run:
+        """llama.cpp from the same chat-templated ids, on a thread that ends with it (as every call here)."""
+        prompt = prompt_ids(self.dspark.loaded, request)
+        tokens, seconds = on_own_thread(lambda: peer.run(prompt, request), name="llama-cpp")
+        return Run(tokens=tokens, seconds=seconds)
 
     def _hf(self, request: GenerationRequest, **options) -> Run:
         """transformers' ``generate`` on a thread that ends with it, as every torch call here outside the decode
@@ -247,10 +265,12 @@ def set_summary(
     ties: dict[str, list[Tie]],
 ) -> dict:
     ar, hf = tallies["ar"].tokens_per_s, tallies["hf_greedy"].tokens_per_s
+    llama_cpp = tallies["llama_cpp"].tokens_per_s if "llama_cpp" in tallies else None
     summary = {
         "temperature": prompt_set.temperature,
         "prompts": len(prompt_set.requests),
         "tokens_per_s": {name: tally.tokens_per_s for name, tally in tallies.items()},
+        "ar_vs_llama_cpp": ar / llama_cpp if llama_cpp else None,
         "drafters": {},
     }
     greedy = prompt_set.temperature == 0
@@ -262,6 +282,7 @@ def set_summary(
             "tokens_per_s": exact.tokens_per_s,
             "speedup": exact.tokens_per_s / ar if ar else None,
             "speedup_vs_hf_greedy": exact.tokens_per_s / hf if hf else None,
+            "speedup_vs_llama_cpp": exact.tokens_per_s / llama_cpp if llama_cpp else None,
             **exact.drafter_summary(),
             "lossless_mismatches": mismatches if greedy else None,
             "mismatch_causes": [tie.to_dict() for tie in ties.get(variant, [])],
@@ -289,9 +310,10 @@ def run_benchmark(
     variants: list[str],
     dtype: str = "auto",
     confidence_mode: bool = False,
+    gguf: Path | None = None,
 ) -> dict:
     torch.manual_seed(0)
-    contenders = Contenders(model, drafters_path, variants, dtype, confidence_mode)
+    contenders = Contenders(model, drafters_path, variants, dtype, confidence_mode, gguf)
     drafters = contenders.drafters
     runners = contenders.runners()
     for warm in warm_ups(sets):
@@ -321,7 +343,8 @@ def run_benchmark(
     return {
         "model": str(model),
         "drafters_path": str(drafters_path),
-        "dtype": str(contenders.dspark.loaded.model.dtype).removeprefix("torch."),
+        "dtype": str(contenders.dspark.loaded.precision).removeprefix("torch."),
+        "gguf": str(gguf) if gguf is not None else None,
         "cpu": cpu_name(),
         "drafters": variants,
         "contenders": list(runners),
@@ -345,17 +368,19 @@ def format_table(report: dict) -> str:
     """Per set and drafter, within 80 columns: tokens/s of AR, HF greedy and DSpark, speedups, accepted and
     verified tokens per round, mismatches; then conditional acceptance by block position."""
     lines = [
-        f"{'set':<16}{'drafter':<8}{'AR':>6}{'HF':>6}{'DSpark':>7}{'xAR':>6}{'xHF':>6}"
+        f"{'set':<16}{'drafter':<8}{'AR':>6}{'LC':>6}{'DSpark':>7}{'xAR':>6}{'xLC':>6}"
         f"{'accept':>7}{'verify':>7}{'mism':>5}",
-        "tok/s; accept: tokens a round (bonus included); verify: draft tokens verified",
-        "hybrid: dspark drafter plus blocks copied from the context; lookup: copied alone",
+        "tok/s; LC: llama.cpp on the same GGUF; accept: tokens a round (bonus included);",
+        "verify: draft tokens verified; hybrid: dspark drafter plus blocks copied from the",
+        "context; lookup: copied alone",
     ]
     for name, entry in report["sets"].items():
         tps = entry["tokens_per_s"]
         for drafter, d in entry["drafters"].items():
             lines.append(
-                f"{name[:15]:<16}{drafter:<8}{tps['ar']:>6.0f}{tps['hf_greedy']:>6.0f}{d['tokens_per_s']:>7.0f}"
-                f"{_cell(d['speedup'], '.2f'):>6}{_cell(d['speedup_vs_hf_greedy'], '.2f'):>6}"
+                f"{name[:15]:<16}{drafter:<8}{tps['ar']:>6.0f}{_cell(tps.get('llama_cpp'), '.0f'):>6}"
+                f"{d['tokens_per_s']:>7.0f}{_cell(d['speedup'], '.2f'):>6}"
+                f"{_cell(d['speedup_vs_llama_cpp'], '.2f'):>6}"
                 f"{_cell(d['mean_accepted'], '.2f'):>7}{_cell(d['mean_verified'], '.2f'):>7}"
                 f"{_cell(d['lossless_mismatches'], 'd'):>5}"
             )
@@ -375,7 +400,10 @@ def format_table(report: dict) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--drafter-path", type=Path, help="the drafters' folder (default: the model's drafters)")
-    parser.add_argument("--dtype", default="auto", help="the target's precision (auto: bfloat16 where it pays)")
+    parser.add_argument("--dtype", default="auto", help="the target's precision (auto: the packed GGUF blocks)")
+    parser.add_argument(
+        "--gguf", type=Path, help="the GGUF llama.cpp runs (default: the default model's own, where installed)"
+    )
     parser.add_argument("--prompts", type=Path, help="a folder of *.jsonl prompt sets (e.g. ../shared/data/prompts)")
     parser.add_argument("--per-set", type=int, default=30, help="prompts per --prompts set")
     parser.add_argument("--per-category", type=int, default=8, help="held-out subtasks per category (0: none)")
@@ -418,10 +446,13 @@ def run(args: argparse.Namespace) -> int:
         temperatures = [float(t) for t in args.temperatures.split(",")]
         sampled = set(args.sampled_sets.split(",")) if args.sampled_sets else None
         sets += shared_sets(args.prompts, per_set, max_tokens, temperatures, sampled)
+    gguf = gguf_for(args.model, args.gguf)
+    if gguf is None:
+        notes.append("no llama.cpp peer: llama-cpp-python is not installed (make bench builds it) or no --gguf")
     for note in notes:
         print(f"note: {note}")
     report = {
-        **run_benchmark(args.model, folder, sets, drafters, args.dtype, args.confidence_mode),
+        **run_benchmark(args.model, folder, sets, drafters, args.dtype, args.confidence_mode, gguf),
         "notes": notes,
     }
     print(format_table(report))

@@ -87,19 +87,40 @@ def decode(data: dict, results: Path, base: Path) -> str:
                     tps["ar"],
                     tps["hf_greedy"],
                     tps.get("hf_prompt_lookup"),
+                    tps.get("llama_cpp"),
+                    tps.get("llama_cpp_lookup"),
                     d["tokens_per_s"],
                     d["speedup"],
+                    d.get("speedup_vs_llama_cpp"),
                     d["mean_accepted"],
                     d.get("mean_verified"),
                     d["lossless_mismatches"],
                 ]
             )
-    headers = ["set", "drafter", "AR tok/s", "HF greedy", "HF lookup", "DSpark tok/s", "speedup", "accepted"]
+    headers = [
+        "set",
+        "drafter",
+        "AR tok/s",
+        "HF greedy",
+        "HF lookup",
+        "llama.cpp",
+        "llama.cpp lookup",
+        "DSpark tok/s",
+        "x AR",
+        "x llama.cpp",
+        "accepted",
+    ]
+    peer = (
+        "llama.cpp: the same GGUF through llama-cpp-python, same threads and token ids, plain and with its prompt "
+        "lookup; HF: transformers on the float32 reference. "
+        if data.get("gguf")
+        else "No llama.cpp peer in this run. "
+    )
     parts = [
-        f"{data['prompts']} prompts, at most {data['max_tokens']} tokens, {data['threads']} torch threads; "
-        f"speedup over this project's own autoregressive decoding of the same model, contenders interleaved per "
-        f"prompt; accepted: tokens committed per round, bonus token included; verified: draft tokens verified "
-        f"per round. Greedy DSpark output differed from greedy autoregressive output on "
+        f"{data['prompts']} prompts, at most {data['max_tokens']} tokens, {data['threads']} threads, target served "
+        f"as {data['dtype']}; x AR: over this project's own autoregressive decoding of the same model, contenders "
+        f"interleaved per prompt. {peer}accepted: tokens committed per round, bonus token included; verified: "
+        f"draft tokens verified per round. Greedy DSpark output differed from greedy autoregressive output on "
         f"**{data['lossless_mismatches']}** prompts.",
         table([*headers, "verified", "mismatches"], rows, digits=2),
     ]
@@ -138,6 +159,33 @@ def decode(data: dict, results: Path, base: Path) -> str:
         )
     ]
     return "\n\n".join(parts + [i for i in images if i])
+
+
+def engine(data: dict, results: Path, base: Path) -> str:
+    """A forward's cost by tokens in it, per engine, beside the weight-read floor; where a step's time goes."""
+    tokens = list(data["engines"]["packed"]["forward_ms"]) if "packed" in data["engines"] else []
+    rows = [
+        [name, *[e["forward_ms"][n] for n in tokens], e["verify4_steps"], e["verify8_steps"]]
+        for name, e in data["engines"].items()
+    ]
+    parts = [
+        f"{data['cpu']}, {data['threads']} threads, after a context of {data['context']} tokens; median ms of a "
+        f"forward of n new tokens through the batch object the decode engine drives, every layer's states kept.",
+        table(["engine", *[f"{n} tok" for n in tokens], "verify 4 / step", "verify 8 / step"], rows),
+    ]
+    packed = data["engines"].get("packed")
+    if packed:
+        b = packed["breakdown"]
+        parts.append(
+            f"Weight-read floor: {packed['read_floor_ms']:.2f} ms to read the {packed['weight_bytes'] / 1e6:.0f} MB "
+            f"a packed forward reads (a sum over a buffer that size, same run); one step is "
+            f"**{packed['step_over_floor']:.2f}x** it. A step's parts ({packed['kernels']} kernels): the layers' "
+            f"weight matrices alone {b['layer_weights_ms']:.2f} ms, the LM head {b['lm_head_ms']:.2f} ms, the whole "
+            f"kernel call {b['kernel_call_ms']:.2f} ms (attention, norms and the rest are the difference), the Python "
+            f"around it the rest of the 1-token column."
+        )
+    parts.append(_image(results, "engine.png", base, "forward cost by tokens in it"))
+    return "\n\n".join(p for p in parts if p)
 
 
 def structured(data: dict, results: Path, base: Path) -> str:
@@ -369,6 +417,75 @@ def _comparison(comparison: dict) -> str:
     return table(headers, rows)
 
 
+def fleet(data: dict, results: Path, base: Path) -> str:
+    """The simulated fleet: a row per load and policy, the targets per load, the reality check, the plots."""
+    comparison = data["comparison"]["by_load"]
+    rows = []
+    for load in data["loads"]:
+        for policy in data["policies"]:
+            r = data["results"][policy][load]
+            share = comparison.get(load, {}).get(f"{policy}_oracle_share")
+            rows.append(
+                [
+                    load,
+                    policy,
+                    r["subtasks_per_s"],
+                    r["mean_latency_s"],
+                    r["p95_latency_s"],
+                    r["p99_latency_s"],
+                    r["run_mean_latency_s"],
+                    r["dspark_share"],
+                    share,
+                ]
+            )
+    headers = ["load", "policy", "subtasks/s", "mean s", "p95 s", "p99 s", "run mean s", "to DSpark", "oracle share"]
+    targets = [
+        [
+            load,
+            e["better_single_pool"],
+            "yes" if e["past_saturation"] else "no",
+            "yes" if e["meets_latency_target"] else "no",
+            e.get("time_saved_over_oracle"),
+        ]
+        for load, e in comparison.items()
+    ]
+    fleet_, trace, profile, timing = data["fleet"], data["trace"], data["profile"], data["timing"]
+    routed = " and ".join(f"{count:,} {name}" for name, count in fleet_["routed"].items())
+    parts = [
+        f"{fleet_['workers']:,} simulated workers of `{profile['name']}` ({profile['description']}), batches of "
+        f"{profile['max_batch']}; the routed policies on {routed} workers. {trace['subtasks']:,} subtasks per policy "
+        f"and load in {trace['runs']:,} {trace['kind']}, each a held-out calibration record of its kind. Load: "
+        f"offered subtasks per second over the all-standard fleet's capacity ({data['capacity_subtasks_per_s']:,.0f}"
+        f"/s). The policy judged: {data['judged']['config']}, {'with' if data['judged']['rules'] else 'without'} its "
+        f"rules. Oracle share: the time saved against all-standard over the oracle's. {timing['subtasks']:,} "
+        f"subtasks simulated in {timing['wall_s']:.0f} s on one core ({timing['us_per_subtask']:.0f} µs each).",
+        table(headers, rows),
+        table(
+            ["load", "better single pool", "past saturation", "time_saved meets latency", "its mean / oracle's"],
+            targets,
+        ),
+        _fleet_reality(data.get("reality")),
+        *(
+            _image(results, f"fleet/{name}.png", base, name.replace("_", " "))
+            for name in ("latency_vs_rate", "throughput_vs_rate", "oracle_share", "reality")
+        ),
+    ]
+    return "\n\n".join(part for part in parts if part)
+
+
+def _fleet_reality(reality: dict | None) -> str:
+    if not reality:
+        return ""
+    columns = ("measured_mean_s", "simulated_mean_s", "mean_error", "measured_p95_s", "simulated_p95_s", "p95_error")
+    rows = [[row["rate"], row["policy"], *(row[column] for column in columns)] for row in reality["rows"]]
+    headers = ["rate/s", "policy", "measured mean s", "simulated", "error", "measured p95 s", "simulated", "error"]
+    return (
+        f"Against `bench workload` at its own scale ({reality['workers']} workers, the same requests and arrival "
+        f"schedules); target: simulated means within {reality['target']:.0%}, worst "
+        f"{reality['worst_mean_error']:.0%}:\n\n" + table(headers, rows)
+    )
+
+
 def pools(data: dict, results: Path, base: Path) -> str:
     rows = [
         [
@@ -427,12 +544,14 @@ def published(data: dict | None, results: Path, base: Path) -> str:
 
 Section = tuple[str, str, Callable[[dict, Path, Path], str]]
 SECTIONS: tuple[Section, ...] = (
+    ("engine", "The engine's forward", engine),
     ("quality", "Answer quality", quality),
     ("decode", "Decoding speed", decode),
     ("structured", "Structured output", structured),
     ("batching", "Batching", batching),
     ("route", "Routing quality", route),
     ("workload", "The agent workload", workload),
+    ("fleet", "A simulated fleet", fleet),
     ("pools", "Redis worker pools", pools),
     ("gateway", "The REST gateway", gateway),
 )

@@ -59,6 +59,7 @@ SUITE: tuple[Step, ...] = (
         ),
     ),
     Step("workload", ("--json", "{results}/workload.json", "--plots", "{results}/workload")),
+    Step("fleet", ("--json", "{results}/fleet.json", "--plots", "{results}/fleet")),
     Step(
         "pools", ("--requests", "8", "--rounds", "2", "--json", "{results}/pools.json", "--plot", "{results}/pools.png")
     ),

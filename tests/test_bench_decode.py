@@ -55,7 +55,8 @@ def test_bench_decode_reports_both_drafters_side_by_side(both_drafters, tmp_path
     )  # fmt: skip
     assert decode.run(args) == 0
     report = json.loads((tmp_path / "decode.json").read_text())
-    assert report["drafters"] == ["heads", "dspark", "hybrid", "lookup"] and report["notes"] == []
+    assert report["drafters"] == ["heads", "dspark", "hybrid", "lookup"]
+    assert report["gguf"] is None and [n.split(":")[0] for n in report["notes"]] == ["no llama.cpp peer"]
     assert {"dspark_heads_confidence", "dspark_dspark_confidence"} <= set(report["contenders"])
     assert "dspark_hybrid_confidence" not in report["contenders"]
     expected = {*decode_sets.CATEGORIES, "code", "code_t1", "math", "math_t1"}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import platform
 import threading
+import warnings
 from functools import cache
 from pathlib import Path
 from types import ModuleType
@@ -57,5 +58,17 @@ def kernels() -> ModuleType:
     with _BUILD_LOCK:
         try:
             return _compiled()
-        except (OSError, RuntimeError) as exc:
+        except (OSError, RuntimeError, ImportError) as exc:
             raise ModelLoadError(f"cannot build the packed engine's kernels: {exc}", param="dtype") from exc
+
+
+@cache
+def usable() -> bool:
+    """Whether the kernels run here: the CPU has the instructions and they build (a machine without a C++
+    compiler cannot). Where they do not, ``dtype: auto`` serves transformers instead, and says why once."""
+    try:
+        kernels()
+    except ModelLoadError as exc:
+        warnings.warn(f"{exc}; serving the float model with transformers instead", stacklevel=2)
+        return False
+    return True

@@ -1,0 +1,75 @@
+"""llama.cpp as a measured peer in ``bench decode``: the same GGUF the default model is converted from, decoded
+through ``llama-cpp-python`` from the same chat-templated token ids, on the same number of threads, plainly and
+with its own prompt-lookup drafting (``LlamaPromptLookupDecoding``).
+
+``llama-cpp-python`` is in the ``bench`` extra (``make bench`` builds it with the flags these CPUs need); where it
+is not installed, or the model has no GGUF, ``bench decode`` runs without this peer and says so.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from pathlib import Path
+
+import torch
+
+from backends.convert import packaged_gguf
+from backends.default_model import DEFAULT_MODEL
+from backends.types import GenerationRequest
+
+CONTEXT = 4096
+LOOKUP_TOKENS = 10
+"""Draft tokens a prompt-lookup round proposes: transformers' ``prompt_lookup_num_tokens`` as the bench runs it."""
+
+
+def gguf_for(model: Path, given: Path | None) -> Path | None:
+    """The GGUF to run: the one given, else the default model's own (from its wheel); None for another model."""
+    if given is not None:
+        return given
+    if model.resolve() == DEFAULT_MODEL.resolve() and importlib.util.find_spec("llama_cpp") is not None:
+        return packaged_gguf()
+    return None
+
+
+class LlamaCppPeer:
+    """One llama.cpp model; ``run`` decodes a request's prompt ids to EOS or ``max_tokens``."""
+
+    def __init__(self, gguf: Path, eos_ids: frozenset[int], prompt_lookup: bool = False) -> None:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+        draft = LlamaPromptLookupDecoding(num_pred_tokens=LOOKUP_TOKENS) if prompt_lookup else None
+        self.llm = Llama(
+            model_path=str(gguf),
+            n_ctx=CONTEXT,
+            n_threads=torch.get_num_threads(),
+            n_threads_batch=torch.get_num_threads(),
+            draft_model=draft,
+            verbose=False,
+        )
+        self.eos_ids = eos_ids
+
+    def run(self, prompt: list[int], request: GenerationRequest) -> tuple[list[int], float]:
+        """The tokens decoded and the seconds it took, prompt evaluation included (as our backends' wall time is).
+        The cache is reset first, so no prompt prefix is reused from the request before."""
+        self.llm.reset()
+        if not request.greedy:
+            self.llm.set_seed(request.seed or 0)
+        tokens: list[int] = []
+        started = time.perf_counter()
+        for token in self.llm.generate(
+            prompt,
+            temp=request.temperature,
+            top_k=0,
+            top_p=request.top_p if request.top_p is not None else 1.0,
+            min_p=0.0,
+            repeat_penalty=1.0,
+            reset=False,
+        ):
+            if token in self.eos_ids:
+                break
+            tokens.append(token)
+            if len(tokens) >= request.max_tokens:
+                break
+        return tokens, time.perf_counter() - started
