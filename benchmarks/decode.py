@@ -448,7 +448,7 @@ def run(args: argparse.Namespace) -> int:
         sets += shared_sets(args.prompts, per_set, max_tokens, temperatures, sampled)
     gguf = gguf_for(args.model, args.gguf)
     if gguf is None:
-        notes.append("no llama.cpp peer: llama-cpp-python is not installed (make bench builds it) or no --gguf")
+        notes.append("no llama.cpp peer: no llama-cpp-python (make bench) or no --gguf")
     for note in notes:
         print(f"note: {note}")
     report = {
