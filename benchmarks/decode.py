@@ -370,9 +370,9 @@ def format_table(report: dict) -> str:
     lines = [
         f"{'set':<16}{'drafter':<8}{'AR':>6}{'LC':>6}{'DSpark':>7}{'xAR':>6}{'xLC':>6}"
         f"{'accept':>7}{'verify':>7}{'mism':>5}",
-        "tok/s; LC: llama.cpp on the same GGUF; accept: tokens a round (bonus included);",
-        "verify: draft tokens verified; hybrid: dspark drafter plus blocks copied from the",
-        "context; lookup: copied alone",
+        "tok/s; LC: llama.cpp on the same GGUF; accept: tokens a round (bonus",
+        "included); verify: draft tokens verified; hybrid: dspark drafter plus blocks",
+        "copied from the context; lookup: copied alone",
     ]
     for name, entry in report["sets"].items():
         tps = entry["tokens_per_s"]
