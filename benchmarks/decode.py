@@ -36,7 +36,7 @@ import torch
 
 from backends.autoregressive import AutoregressiveBackend
 from backends.default_model import DEFAULT_MODEL, drafters_for
-from backends.dspark import DSparkBackend
+from backends.dspark.backend import DSparkBackend
 from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.profile import measure_round

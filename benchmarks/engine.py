@@ -27,7 +27,6 @@ import torch
 from backends.default_model import DEFAULT_MODEL
 from backends.engine import batch_kv
 from backends.loading import LoadedModel, cpu_has_bf16, cpu_name, load_model
-from backends.packed.build import kernels
 from backends.threads import on_own_thread
 from benchmarks.output import write_json
 
@@ -87,22 +86,24 @@ def packed_breakdown(loaded: LoadedModel, repeats: int) -> dict[str, float]:
 
 
 def measure(model: Path, repeats: int) -> dict:
+    """Every engine's costs, all on the calling thread: a second thread's OpenMP team would make libgomp stop
+    spin-waiting and charge each of a forward's parallel regions a wake-up (:mod:`backends.threads`)."""
     engines = {"packed": "gguf", "transformers_float32": "float32"}
     if cpu_has_bf16():
         engines["transformers_bfloat16"] = "bfloat16"
     report: dict = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "context": CONTEXT, "engines": {}}
     for name, dtype in engines.items():
         loaded = load_model(model, device="cpu", dtype=dtype)
-        costs = on_own_thread(lambda loaded=loaded: forward_costs(loaded, repeats))
+        costs = forward_costs(loaded, repeats)
         entry = {"forward_ms": costs, "verify4_steps": costs[4] / costs[1], "verify8_steps": costs[8] / costs[1]}
         if loaded.packed is not None:
-            floor = on_own_thread(lambda loaded=loaded: read_floor_ms(loaded.packed.weight_bytes, repeats))
+            floor = read_floor_ms(loaded.packed.weight_bytes, repeats)
             entry |= {
                 "kernels": loaded.packed.engine.kernels,
                 "weight_bytes": loaded.packed.weight_bytes,
                 "read_floor_ms": floor,
                 "step_over_floor": costs[1] / floor,
-                "breakdown": on_own_thread(lambda loaded=loaded: packed_breakdown(loaded, repeats)),
+                "breakdown": packed_breakdown(loaded, repeats),
             }
         report["engines"][name] = entry
     return report
@@ -163,8 +164,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    kernels()
-    report = measure(args.model, args.repeats)
+    report = on_own_thread(lambda: measure(args.model, args.repeats), name="bench-engine")
     print(format_table(report))
     if args.json:
         write_json(args.json, report)

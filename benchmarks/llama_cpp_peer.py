@@ -18,7 +18,8 @@ from backends.convert import packaged_gguf
 from backends.default_model import DEFAULT_MODEL
 from backends.types import GenerationRequest
 
-CONTEXT = 4096
+CONTEXT = 2048
+"""Positions llama.cpp holds: every prompt of the bench plus its answer fits."""
 LOOKUP_TOKENS = 10
 """Draft tokens a prompt-lookup round proposes: transformers' ``prompt_lookup_num_tokens`` as the bench runs it."""
 
@@ -46,6 +47,7 @@ class LlamaCppPeer:
             n_threads=torch.get_num_threads(),
             n_threads_batch=torch.get_num_threads(),
             draft_model=draft,
+            logits_all=prompt_lookup,  # verifying a draft reads the logits at every drafted position
             verbose=False,
         )
         self.eos_ids = eos_ids

@@ -21,7 +21,7 @@ import torch
 
 from backends.autoregressive import AutoregressiveBackend
 from backends.default_model import DEFAULT_MODEL
-from backends.dspark import DSparkBackend
+from backends.dspark.backend import DSparkBackend
 from backends.errors import InvalidRequestError, UnsupportedFormatError
 from backends.progress import JobProgress
 from backends.types import GenerationRequest, GenerationResult

@@ -63,7 +63,7 @@ def _generate(args: argparse.Namespace) -> int:
         stop=args.stop,
     )
     if args.backend == "dspark":
-        from backends.dspark import DSparkBackend
+        from backends.dspark.backend import DSparkBackend
 
         backend = DSparkBackend.from_pretrained(
             args.model, device=args.device, dtype=args.dtype, drafter=args.drafter, drafter_path=args.drafter_path

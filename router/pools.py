@@ -207,7 +207,7 @@ def load_backend(config: PoolConfig) -> Backend:
             config.model, device=config.device, dtype=config.dtype, limits=batch_limits(config)
         )
     if config.backend == "dspark":
-        from backends.dspark import DSparkBackend
+        from backends.dspark.backend import DSparkBackend
 
         backend = DSparkBackend.from_pretrained(
             config.model,

@@ -9,7 +9,9 @@ import torch
 from scipy.stats import chisquare
 
 from backends import AutoregressiveBackend, GenerationRequest, ModelLoadError
-from backends.dspark import DSparkBackend, DSparkModel, SpanPolicy
+from backends.dspark.backend import DSparkBackend
+from backends.dspark.model import DSparkModel
+from backends.dspark.selection import SpanPolicy
 from backends.dspark.verify import verify_sampled
 from backends.sampling import sample
 from tests.conftest import ARCHITECTURES

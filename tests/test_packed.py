@@ -9,7 +9,7 @@ import torch
 
 from backends.autoregressive import AutoregressiveBackend
 from backends.default_model import DEFAULT_MODEL
-from backends.dspark import DSparkBackend
+from backends.dspark.backend import DSparkBackend
 from backends.loading import load_shared
 from backends.packed.kv import PackedKV
 from backends.packed.model import QUANTIZED_PRECISION, PackedLlama

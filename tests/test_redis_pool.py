@@ -23,6 +23,7 @@ import openai
 import pytest
 import redis
 
+from backends.default_model import DEFAULT_MODEL
 from backends.errors import InvalidRequestError
 from backends.types import GenerationRequest
 from router import Router
@@ -249,6 +250,50 @@ def test_a_killed_worker_fails_only_the_requests_it_held_and_never_the_pool(
             again = router.complete(**ask(i))
             assert not again.text.startswith("".join(streams[i]))
         assert deployed.holder() is None
+
+
+def test_on_the_packed_engine_a_killed_workers_jobs_replay_exactly(tmp_path, router_models, redis_url):
+    """The default model (the packed engine) on two workers: greedy requests decoded in busy batches, one worker
+    killed mid-stream; the survivor batches the reclaimed jobs with others and still regenerates exactly what was
+    streamed, so no request fails, and each answer is the one the same request gets alone."""
+    with deployment(tmp_path, router_models, redis_url, workers=0) as deployed:
+        deployed.start_workers(2, model=DEFAULT_MODEL)
+        router, count = deployed.router(), 6
+        asks = [
+            {"messages": [{"role": "user", "content": f"Count from {i} to {i + 300}, one number a line."}],
+             "max_tokens": 96, "temperature": 0.0, "model": "remote"}
+            for i in range(count)
+        ]  # fmt: skip
+        streams: list[list[str]] = [[] for _ in range(count)]
+        outcomes: list[object] = [None] * count
+        first = [threading.Event() for _ in range(count)]
+
+        def stream(i: int) -> None:
+            try:
+                for chunk in router.stream(**asks[i]):
+                    if chunk.result is not None:
+                        outcomes[i] = chunk.result
+                    elif chunk.delta:
+                        streams[i].append(chunk.delta)
+                        first[i].set()
+            except Exception as exc:
+                outcomes[i] = exc
+                first[i].set()
+
+        clients = [threading.Thread(target=stream, args=(i,)) for i in range(count)]
+        for client in clients:
+            client.start()
+        assert all(started.wait(60) for started in first), "a request was never answered"
+        held = deployed.holders()
+        killed = max(set(held), key=held.count)
+        os.kill(killed, signal.SIGKILL)
+        for client in clients:
+            client.join(90)
+        assert not [o for o in outcomes if isinstance(o, Exception)] and held.count(killed) >= 1
+        assert all("".join(deltas) == o.text for o, deltas in zip(outcomes, streams))
+        assert "reclaimed" in deployed.logs()
+        alone = [router.complete(**ask).text for ask in asks]  # one at a time, on the survivor
+        assert [o.text for o in outcomes] == alone
 
 
 def test_a_job_that_keeps_killing_its_workers_is_dead_lettered(tmp_path, router_models, redis_url):

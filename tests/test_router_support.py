@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from backends.autoregressive import AutoregressiveBackend
-from backends.dspark import DSparkModel
+from backends.dspark.model import DSparkModel
 from backends.types import GenerationRequest
 from benchmarks.local_redis import free_port
 from router import Router

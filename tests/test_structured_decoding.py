@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 
 from backends import AutoregressiveBackend, GenerationRequest, UnsupportedFormatError
-from backends.dspark import DSparkBackend, SpanPolicy
+from backends.dspark.backend import DSparkBackend
+from backends.dspark.selection import SpanPolicy
 from tests.test_dspark import perturbed_heads_model
 from tests.test_dspark_drafter import perturbed_drafter
 
