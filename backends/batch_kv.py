@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast
 
 from backends.errors import ModelLoadError
 from backends.loading import LoadedModel
-from backends.steps import ForwardOut
+from backends.steps import BatchRows, ForwardOut
 
 COMPACT_SLACK = 32
 """Free slots per row tolerated before compaction: a gather of the whole cache, so not every step."""
@@ -120,29 +120,21 @@ def batch_cache(config) -> DynamicCache:
     return cache
 
 
-class BatchedKV:
+class BatchedKV(BatchRows):
     def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__()
         self.base = loaded.model.base_model
         self.lm_head = loaded.model.get_output_embeddings()
         self.config = loaded.model.config
         self.device = loaded.device
         self.dtype = loaded.model.dtype
         self.pad_id = loaded.tokenizer.pad_token_id or 0
-        self.members: list[object] = []
-        self.lengths: list[int] = []
         self.cache = batch_cache(self.config)
         self.valid = torch.zeros((0, 0), dtype=torch.bool, device=self.device)
 
     @property
     def slots(self) -> int:
         return self.valid.shape[1]
-
-    @property
-    def rows(self) -> int:
-        return len(self.members)
-
-    def __contains__(self, member: object) -> bool:
-        return any(m is member for m in self.members)
 
     def prefill(self, members: list[object], prompts: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
         """Newcomers' prompts, right-padded into one forward with a cache of their own; each then joins the batch
@@ -265,9 +257,6 @@ class BatchedKV:
         if keep < self.slots:
             self.cache.crop(keep - self.slots)
             self.valid = self.valid[:, :keep]
-
-    def _index(self, member: object) -> int:
-        return next(i for i, m in enumerate(self.members) if m is member)
 
 
 def _pad_slots(valid: torch.Tensor, width: int) -> torch.Tensor:

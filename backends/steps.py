@@ -68,3 +68,22 @@ class Schedule:
 
 Step = Forward | Rewind | Budget | Schedule | list[int]
 DecodeLoop = Generator[Step, ForwardOut | int | None, None]
+
+
+class BatchRows:
+    """The running batch's requests in row order, each with the positions it has committed: what both engines'
+    caches (transformers' :class:`~backends.batch_kv.BatchedKV`, the packed engine's ``PackedKV``) index by."""
+
+    def __init__(self) -> None:
+        self.members: list[object] = []
+        self.lengths: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return len(self.members)
+
+    def __contains__(self, member: object) -> bool:
+        return any(m is member for m in self.members)
+
+    def _index(self, member: object) -> int:
+        return next(i for i, m in enumerate(self.members) if m is member)

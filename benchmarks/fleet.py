@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from benchmarks.fleet_trace import (
     single_trace,
     synthetic_trace,
 )
-from benchmarks.output import write_json, write_plots
+from benchmarks.output import wrapped, write_json, write_plots
 from classifiers import AGENT_MIX, DEFAULT_CLASSIFIER, DEFAULT_MEASUREMENTS
 from router.config import PolicyConfig, load_config
 
@@ -321,7 +320,7 @@ def format_report(report: dict) -> str:
         f"simulated {timing['simulations']} runs, {timing['subtasks']:,} subtasks in {timing['wall_s']:.0f} s on one "
         f"core of {report['machine']['cpu']}: {timing['us_per_subtask']:.0f} µs a subtask",
     ]
-    return "\n".join(_wrapped(line) for line in lines)
+    return "\n".join(wrapped(line) for line in lines)
 
 
 def _reality_lines(reality: dict | None) -> list[str]:
@@ -343,11 +342,6 @@ def _reality_lines(reality: dict | None) -> list[str]:
     verdict = "within" if reality["within_target"] else "NOT within"
     lines.append(f"simulated means {verdict} {reality['target']:.0%} (worst {reality['worst_mean_error']:.0%})")
     return lines
-
-
-def _wrapped(line: str, width: int = 80) -> str:
-    """Long prose lines broken at spaces (table rows fit already)."""
-    return "\n".join(textwrap.wrap(line, width, subsequent_indent="  ")) if len(line) > width else line
 
 
 def run(args: argparse.Namespace) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import textwrap
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -25,3 +26,8 @@ def write_plots(
         return
     for path in draw_all(report, folder):
         print(f"wrote {path.name}")
+
+
+def wrapped(line: str, width: int = 80) -> str:
+    """A long prose line broken at spaces to fit the terminal (table rows fit already)."""
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent="  ")) if len(line) > width else line

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import tempfile
-import textwrap
 import threading
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from backends.progress import JobProgress
 from backends.scheduling import SpsCurve, scaled_speedup
 from backends.types import GenerationRequest
 from benchmarks import workload_plots
-from benchmarks.output import write_json, write_plots
+from benchmarks.output import wrapped, write_json, write_plots
 from benchmarks.workload_mix import SUBTASK_SHARE, WorkItem, arrivals, build_workload
 from benchmarks.workload_policies import POLICIES, OracleScorer, build_router, capacity, policy_config
 from benchmarks.workload_stats import Outcome, compare, summarise
@@ -539,12 +538,7 @@ def format_report(report: dict) -> str:
             f"({row['routed_over_oracle']:.2f}x), standard {row['standard_s']:.1f} s, DSpark {row['dspark_s']:.1f} s"
         )
     lines += [f"note: {note}" for note in report["notes"]]
-    return "\n".join(_wrapped(line) for line in lines)
-
-
-def _wrapped(line: str, width: int = 80) -> str:
-    """Long prose lines broken at spaces (table rows fit already)."""
-    return "\n".join(textwrap.wrap(line, width, subsequent_indent="  ")) if len(line) > width else line
+    return "\n".join(wrapped(line) for line in lines)
 
 
 def run(args: argparse.Namespace) -> int:

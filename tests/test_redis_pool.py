@@ -162,6 +162,42 @@ def long_stream(router: Router, on_first=None) -> tuple[list[str], str]:
     return deltas, final.text
 
 
+class Streams:
+    """Requests streamed at once, each on a thread of its own: its deltas, its result or its error, and an event
+    set when it first answered."""
+
+    def __init__(self, router: Router, asks: list[dict]) -> None:
+        self.deltas: list[list[str]] = [[] for _ in asks]
+        self.outcomes: list[object] = [None] * len(asks)
+        self.first = [threading.Event() for _ in asks]
+        self.clients = [threading.Thread(target=self._stream, args=(router, i, ask)) for i, ask in enumerate(asks)]
+
+    def _stream(self, router: Router, i: int, ask: dict) -> None:
+        try:
+            for chunk in router.stream(**ask):
+                if chunk.result is not None:
+                    self.outcomes[i] = chunk.result
+                elif chunk.delta:
+                    self.deltas[i].append(chunk.delta)
+                    self.first[i].set()
+        except Exception as exc:
+            self.outcomes[i] = exc
+            self.first[i].set()
+
+    def start(self, i: int) -> bool:
+        """Start request i and wait for its first answer."""
+        self.clients[i].start()
+        return self.first[i].wait(60)
+
+    def join(self) -> None:
+        for client in self.clients:
+            client.join(90)
+
+    @property
+    def failed(self) -> list[Exception]:
+        return [o for o in self.outcomes if isinstance(o, Exception)]
+
+
 def test_two_replicas_and_two_workers_serve_like_in_process(tmp_path, router_models, redis_url, expected):
     with deployment(tmp_path, router_models, redis_url, workers=2) as deployed:
         replicas = [deployed.router(), deployed.router()]
@@ -210,45 +246,28 @@ def test_a_killed_worker_fails_only_the_requests_it_held_and_never_the_pool(
     with deployment(tmp_path, router_models, redis_url, health={"allowed_fails": 1}) as deployed:
         deployed.start_workers(1, model=tiny_model_paths["gpt2"])
         router, count = deployed.router(), 4
-        streams: list[list[str]] = [[] for _ in range(count)]
-        outcomes: list[object] = [None] * count
-        first = [threading.Event() for _ in range(count)]
 
         def ask(i: int) -> dict:
             return {"messages": MESSAGES, "max_tokens": LONG, "temperature": 1.0, "seed": i, "model": "remote"}
 
-        def stream(i: int) -> None:
-            try:
-                for chunk in router.stream(**ask(i)):
-                    if chunk.result is not None:
-                        outcomes[i] = chunk.result
-                    elif chunk.delta:
-                        streams[i].append(chunk.delta)
-                        first[i].set()
-            except Exception as exc:
-                outcomes[i] = exc
-                first[i].set()
-
-        clients = [threading.Thread(target=stream, args=(i,)) for i in range(count)]
-        for client, started in zip(clients, first):  # one after the other: the two workers take turns
-            client.start()
-            assert started.wait(30), "a request was never answered"
+        streams = Streams(router, [ask(i) for i in range(count)])
+        for i in range(count):  # one after the other: the two workers take turns
+            assert streams.start(i), "a request was never answered"
         held = deployed.holders()
         killed = held[0]
         os.kill(killed, signal.SIGKILL)
-        for client in clients:
-            client.join(60)
-        failed = [o for o in outcomes if isinstance(o, Exception)]
+        streams.join()
+        failed = streams.failed
         assert len(failed) == held.count(killed) >= 1 and len(held) == count
         assert all(isinstance(error, ReplayDivergedError) for error in failed), failed
         assert failed[0].status_code == 502 and failed[0].to_openai()["error"]["code"] == "replay_diverged"
-        answered = [(o, deltas) for o, deltas in zip(outcomes, streams) if not isinstance(o, Exception)]
+        answered = [(o, d) for o, d in zip(streams.outcomes, streams.deltas) if not isinstance(o, Exception)]
         assert answered and all("".join(deltas) == o.text for o, deltas in answered)
         health = router.health["remote"]
         assert router.unavailable() == {} and health.failures_total == 0 and router.pools["remote"].serving()
-        for i in (i for i, o in enumerate(outcomes) if isinstance(o, Exception)):  # the survivor serves them now
+        for i in (i for i, o in enumerate(streams.outcomes) if isinstance(o, Exception)):  # the survivor serves them
             again = router.complete(**ask(i))
-            assert not again.text.startswith("".join(streams[i]))
+            assert not again.text.startswith("".join(streams.deltas[i]))
         assert deployed.holder() is None
 
 
@@ -264,36 +283,19 @@ def test_on_the_packed_engine_a_killed_workers_jobs_replay_exactly(tmp_path, rou
              "max_tokens": 96, "temperature": 0.0, "model": "remote"}
             for i in range(count)
         ]  # fmt: skip
-        streams: list[list[str]] = [[] for _ in range(count)]
-        outcomes: list[object] = [None] * count
-        first = [threading.Event() for _ in range(count)]
-
-        def stream(i: int) -> None:
-            try:
-                for chunk in router.stream(**asks[i]):
-                    if chunk.result is not None:
-                        outcomes[i] = chunk.result
-                    elif chunk.delta:
-                        streams[i].append(chunk.delta)
-                        first[i].set()
-            except Exception as exc:
-                outcomes[i] = exc
-                first[i].set()
-
-        clients = [threading.Thread(target=stream, args=(i,)) for i in range(count)]
-        for client in clients:
+        streams = Streams(router, asks)
+        for client in streams.clients:
             client.start()
-        assert all(started.wait(60) for started in first), "a request was never answered"
+        assert all(started.wait(60) for started in streams.first), "a request was never answered"
         held = deployed.holders()
         killed = max(set(held), key=held.count)
         os.kill(killed, signal.SIGKILL)
-        for client in clients:
-            client.join(90)
-        assert not [o for o in outcomes if isinstance(o, Exception)] and held.count(killed) >= 1
-        assert all("".join(deltas) == o.text for o, deltas in zip(outcomes, streams))
+        streams.join()
+        assert not streams.failed and held.count(killed) >= 1
+        assert all("".join(deltas) == o.text for o, deltas in zip(streams.outcomes, streams.deltas))
         assert "reclaimed" in deployed.logs()
         alone = [router.complete(**ask).text for ask in asks]  # one at a time, on the survivor
-        assert [o.text for o in outcomes] == alone
+        assert [o.text for o in streams.outcomes] == alone
 
 
 def test_a_job_that_keeps_killing_its_workers_is_dead_lettered(tmp_path, router_models, redis_url):

@@ -13,25 +13,17 @@ from __future__ import annotations
 import torch
 
 from backends.loading import LoadedModel
-from backends.steps import ForwardOut
+from backends.steps import BatchRows, ForwardOut
 
 FIRST_ROOM = 256
 """Positions a new request's cache holds past its prompt before it first grows."""
 
 
-class PackedKV:
+class PackedKV(BatchRows):
     def __init__(self, loaded: LoadedModel) -> None:
+        super().__init__()
         self.model = loaded.packed
-        self.members: list[object] = []
-        self.lengths: list[int] = []
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    @property
-    def rows(self) -> int:
-        return len(self.members)
-
-    def __contains__(self, member: object) -> bool:
-        return any(m is member for m in self.members)
 
     def prefill(self, members: list[object], prompts: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
         """Newcomers join as rows, their prompts run in one forward (positions from 0)."""
@@ -82,6 +74,3 @@ class PackedKV:
         for old, new in zip((keys, values), grown):
             new[:, :, : self.lengths[r]] = old[:, :, : self.lengths[r]]
         self.caches[r] = grown
-
-    def _index(self, member: object) -> int:
-        return next(i for i, m in enumerate(self.members) if m is member)
