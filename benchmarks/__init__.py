@@ -12,7 +12,20 @@ import argparse
 from collections.abc import Callable
 from typing import NamedTuple
 
-from benchmarks import batching, decode, engine, fleet, gateway, pools, quality, route, structured, suite, workload
+from benchmarks import (
+    batching,
+    decode,
+    engine,
+    fleet,
+    gateway,
+    pools,
+    quality,
+    route,
+    soak,
+    structured,
+    suite,
+    workload,
+)
 
 
 class Benchmark(NamedTuple):
@@ -78,6 +91,13 @@ BENCHMARKS: dict[str, Benchmark] = {
         "every benchmark above with the published arguments, then BENCHMARKS.md from their JSON (make bench)",
         suite.add_arguments,
         suite.run,
+    ),
+    "soak": Benchmark(
+        "the gateway with in-process and Redis worker pools for --minutes at 80 percent of capacity, Redis "
+        "restarted and a worker killed midway: RSS, latency over time, errors, requests lost or duplicated (not in "
+        "make bench)",
+        soak.add_arguments,
+        soak.run,
     ),
 }
 

@@ -110,8 +110,12 @@ class Worker:
         log.info("worker %s serving pool %r, concurrency %d", self.id, self.pool, self.concurrency)
         beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
         beat.start()
+        reclaimed_at = 0.0
         while not self._draining.is_set():
             try:
+                if time.monotonic() - reclaimed_at >= self.settings.heartbeat_s:
+                    reclaimed_at = time.monotonic()
+                    self._reclaim()
                 self._take_new_jobs()
             except redis.ResponseError as exc:
                 if "NOGROUP" not in str(exc):
@@ -145,12 +149,12 @@ class Worker:
                 self._start(entry_id.decode(), fields, deliveries=1)
 
     def _heartbeats(self) -> None:
-        """Liveness, load, fresh claims on running jobs, and the reclaim of jobs that dead workers left behind."""
+        """Liveness, load and fresh claims on running jobs. Reclaiming dead workers' jobs is the main loop's, beside
+        reading new ones: a thread that starts jobs must see every slot the other took, and one thread does both."""
         while not self._draining.is_set():
             try:
                 self._ensure_group()
                 self._beat()
-                self._reclaim()
             except redis.RedisError as exc:
                 log.warning("worker %s: heartbeat failed (%s)", self.id, exc)
             self._draining.wait(self.settings.heartbeat_s)
