@@ -17,6 +17,7 @@ blocks) and transformers (float32, and bfloat16 where the CPU has it):
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 from collections.abc import Callable
@@ -51,7 +52,7 @@ def read_floor_ms(size_bytes: int, repeats: int) -> float:
     """The time to read ``size_bytes`` once: a float32 sum over a buffer that size (cold to the cache: two buffers
     taken in turn, each larger than the caches a core owns)."""
     buffers = [torch.ones(size_bytes // 4) for _ in range(2)]
-    turn = iter(range(10**9))
+    turn = itertools.count()
     return median_ms(lambda: buffers[next(turn) % 2].sum(), repeats)
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.output import wrapped
+from benchmarks.pools import percentile
 from benchmarks.soak_clients import Outcome
 
 TARGETS = {"lost": 0, "duplicated": 0, "server_errors": 0, "rss_growth": 0.10, "p99_drift": 0.20}
@@ -18,8 +19,8 @@ TARGETS = {"lost": 0, "duplicated": 0, "server_errors": 0, "rss_growth": 0.10, "
 
 
 def _percentile(values: list[float], q: float) -> float | None:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else None
+    """``bench pools``' percentile, None for a window with no answers."""
+    return percentile(values, q) if values else None
 
 
 def _timed(outcomes: list[Outcome]) -> list[Outcome]:

@@ -4,9 +4,10 @@ A worker loads the pool's backend once (one replica with one batching loop, run 
 :class:`~router.pools.InProcessPool`, so decoding, timeouts and typed errors are the in-process pool's own),
 takes up to ``--concurrency`` jobs at once (the pool's ``max_batch``), decodes them in one batch, and loops:
 
-1. every heartbeat: report liveness and load, keep its running jobs' claims fresh, and claim (``XAUTOCLAIM``)
-   jobs that sat unacknowledged past the visibility timeout because their worker died;
-2. read new jobs for its free slots (``XREADGROUP``);
+1. every heartbeat, on a thread of its own: report liveness and load, and keep its running jobs' claims fresh;
+2. on the main loop, every heartbeat interval, claim (``XAUTOCLAIM``) jobs that sat unacknowledged past the
+   visibility timeout because their worker died, and always read new jobs for its free slots (``XREADGROUP``):
+   one thread starts every job, so both see the same free slots;
 3. run each job, writing its chunks to the job's reply stream, and acknowledge it only once the final entry
    (result or typed error) is written.
 

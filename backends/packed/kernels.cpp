@@ -144,10 +144,10 @@ class PackedModel {
     std::string kernels() const { return kernels_.name; }
 
     // tokens, seq, pos: [T] int64; keys/values: one cache per sequence. Returns the final normed hidden states
-    // [T, hidden], the logits [T, vocab] (when asked) and every layer's input plus the normed output
+    // [T, hidden], the logits [T, vocab] and every layer's input plus the normed output
     // [layers + 1, T, hidden] (when asked), in HF's hidden_states order.
     std::vector<at::Tensor> forward(at::Tensor tokens, at::Tensor seq, at::Tensor pos, std::vector<at::Tensor> keys,
-                                    std::vector<at::Tensor> values, bool want_logits, bool want_states) {
+                                    std::vector<at::Tensor> values, bool want_states) {
         TORCH_CHECK(tokens.dtype() == at::kLong && seq.dtype() == at::kLong && pos.dtype() == at::kLong);
         const int64_t T = tokens.size(0), qkv_width = (heads_ + 2 * kv_heads_) * dim_;
         const auto f32 = at::TensorOptions().dtype(at::kFloat);
@@ -156,7 +156,7 @@ class PackedModel {
         at::Tensor proj = at::empty({T, hidden_}, f32), gate_up = at::empty({T, 2 * ffn_}, f32);
         at::Tensor act = at::empty({T, ffn_}, f32);
         at::Tensor states = want_states ? at::empty({layers_ + 1, T, hidden_}, f32) : at::Tensor();
-        at::Tensor logits = want_logits ? at::empty({T, matrices_[1].rows}, f32) : at::Tensor();
+        at::Tensor logits = at::empty({T, matrices_[1].rows}, f32);
         std::vector<float*> key_ptrs, value_ptrs;
         std::vector<int64_t> caps;
         for (size_t s = 0; s < keys.size(); ++s) {
@@ -203,12 +203,10 @@ class PackedModel {
             }
             k.rms_norm(xp, T, hidden_, norms_[0].data_ptr<float>(), eps_, hp);
             if (want_states) std::memcpy(states[layers_].data_ptr<float>(), hp, T * hidden_ * sizeof(float));
-            if (want_logits) {
-                const Matrix& head = matrices_[1];
-                k.gemm(hp, T, hidden_, bytes_of(head.data), head.rows, head.fmt, logits.data_ptr<float>());
-            }
+            const Matrix& head = matrices_[1];
+            k.gemm(hp, T, hidden_, bytes_of(head.data), head.rows, head.fmt, logits.data_ptr<float>());
         }
-        return {h, want_logits ? logits : at::Tensor(), want_states ? states : at::Tensor()};
+        return {h, logits, want_states ? states : at::Tensor()};
     }
 
     // Every weight matrix's product with x [T, cols] (tests and the weight-read benchmark).

@@ -109,7 +109,7 @@ class PackedLlama:
         """Normed last hidden state [T, hidden], logits [T, vocab] and (``states``) every layer's input plus the
         normed output [layers + 1, T, hidden]; token t is sequence ``seq[t]``'s, at ``positions[t]``."""
         hidden, logits, layers = self.engine.forward(
-            tokens, seq, positions, [k for k, _ in caches], [v for _, v in caches], True, states
+            tokens, seq, positions, [k for k, _ in caches], [v for _, v in caches], states
         )
         return hidden, logits, layers if states else None
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType, GGUFReader
-from gguf.quants import dequantize
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -45,13 +44,6 @@ class BlockTensor:
     ggml_type: GGMLQuantizationType
     shape: tuple[int, ...]
     """The logical shape, rows first (a matrix is [out_features, in_features], as torch has it)."""
-
-    def dequantized(self) -> torch.Tensor:
-        """The float32 values, as ``gguf`` computes them (what the converted reference folder holds)."""
-        if self.ggml_type == GGMLQuantizationType.F32:
-            return self.data.reshape(self.shape)
-        values = dequantize(self.data.numpy(), self.ggml_type)
-        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32)).reshape(self.shape)
 
 
 def read_gguf(path: Path) -> dict[str, BlockTensor]:
