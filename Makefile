@@ -55,16 +55,20 @@ $(MODEL)/gguf_blocks.safetensors: | $(STAMP)
 
 model-target: $(MODEL)/gguf_blocks.safetensors
 
-# Both drafters, trained here on the frozen target (about 3.5 hours on 2 cores with AMX; every stage resumes where
-# it stopped): the target's own greedy answers to the prompt mix and their cached features (train data, 27 min),
-# then the span heads and the published drafter side by side (make -j2 model, one core each), then the span
-# thresholds tuned by measured speed, the target's cost profile, the classifier's measurements of its whole
+# Both drafters, trained here on the frozen target; every stage resumes where it stopped. `train data` answers the
+# corpus recipe (backends/corpus/recipe.py: generator subtasks, standard-library requests, turns the target writes
+# itself and follow-ups, filtered against the evaluation prompts) with the served engine and caches the target's
+# features; then the span heads and the published drafter side by side (make -j2 model, one core each), then the
+# span thresholds tuned by measured speed, the target's cost profile, the classifier's measurements of its whole
 # corpus (about 75 min; rerun by hand with --resume, it picks up where a stopped run left off) and calibration, and a
 # seeded 48 of them measured again (5 min), which is how bench route knows how repeatable one measurement is.
+# The shipped drafters predate this recipe (the model card says what they were trained on); on 2 cores the packed
+# engine answers it at about 150 tokens/s, so the corpus alone takes about 8 hours there: `train all --device cuda`
+# runs the whole recipe on a GPU (the model card).
 DRAFTER_THREADS ?= 1
 VOCAB := 16384
 $(RUN)/features.safetensors: $(MODEL)/gguf_blocks.safetensors
-	$(BIN)/dspark-router train data --target $(MODEL) --run $(RUN) --subtasks 2400 --openings 1200 --max-tokens 128
+	$(BIN)/dspark-router train data --target $(MODEL) --run $(RUN)
 
 model-heads: $(RUN)/features.safetensors
 	$(BIN)/dspark-router train heads --target $(MODEL) --run $(RUN) --output $(DRAFTERS) --vocab-size $(VOCAB) \

@@ -67,13 +67,15 @@ def scaled_speedup(
     batch: int = 1,
     verify: float = DEFAULT_VERIFY_TOKENS,
     draft_s: float = 0.0,
+    row_s: float = 0.0,
 ) -> float:
     """A solo speedup measured on the machine of ``measured_on`` as it is expected ``here`` at a batch of
     ``batch``: s * SPS_m(1) * round_m(1) / (round_h(b) * SPS_h(b)), round(b) = 1/SPS(b * verify) + b * draft_s
-    (see :meth:`router.expected_time.LoadEstimator._speedup_at`)."""
+    + (b - 1) * row_s, the last term what each row beyond the first adds outside the curve (see
+    :meth:`router.expected_time.LoadEstimator._speedup_at`)."""
 
     def round_s(curve: SpsCurve, rows: int) -> float:
-        return 1.0 / curve.at(max(rows, round(rows * verify))) + rows * draft_s
+        return 1.0 / curve.at(max(rows, round(rows * verify))) + rows * draft_s + (rows - 1) * row_s
 
     return solo * measured_on.at(1) * round_s(measured_on, 1) / (round_s(here, batch) * here.at(batch))
 

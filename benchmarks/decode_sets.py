@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from backends.subtasks import generate_subtasks
+from backends.corpus.subtasks import generate_subtasks
 from backends.types import GenerationRequest
 
 HELD_OUT_SEED = 9_001

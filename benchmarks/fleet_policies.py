@@ -110,16 +110,22 @@ def policy_section(policy: str, base: PolicyConfig, with_rules: bool) -> dict[st
 
 
 def router_config(
-    policy: str, base: PolicyConfig, specs: Sequence[PoolSpec], profile_file: Path, with_rules: bool
+    policy: str,
+    base: PolicyConfig,
+    specs: Sequence[PoolSpec],
+    profile_file: Path,
+    with_rules: bool,
+    row_s: dict[bool, float],
 ) -> RouterConfig:
     """The config the policy is built from: ``base``'s policy over pools named as the simulated ones, each pool's
     ``load.profile`` the simulated machine's curve. Their sizes are the simulated pools' business: the policy
-    reads workers, batch and queue from each pool's load, and a fleet has more workers than a config allows."""
+    reads workers, batch and queue from each pool's load, and a fleet has more workers than a config allows.
+    Each pool's ``load.row_s`` is the profile's per-row cost, as an operator sets it from ``bench batching``."""
     pools = {
         spec.name: {
             "backend": "dspark" if spec.dspark else "autoregressive",
             "model": "simulated",
-            "load": {"profile": str(profile_file)},
+            "load": {"profile": str(profile_file), "row_s": row_s[spec.dspark]},
         }
         for spec in specs
     }
@@ -209,7 +215,8 @@ def simulate(
     """One policy over a fresh fleet, the trace's runs arriving at ``arrivals``."""
     base = judged.base
     specs = fleet.specs(policy, base.dspark_pool, base.standard_pool)
-    config = router_config(policy, base, specs, judged.profile_file, judged.with_rules)
+    row_s = {False: fleet.profile.standard_row_s, True: fleet.profile.dspark_row_s}
+    config = router_config(policy, base, specs, judged.profile_file, judged.with_rules, row_s)
     routed = routed_requests(trace.items, config)
     pools = sim_pools(specs, fleet.profile, trace.items, speedups)
     decide = decider(config, scorers(policy, routed), pools, routed)

@@ -7,11 +7,12 @@ and the batch a worker decodes (``max_batch``). The curve is
 one of the project's own measured curves (``dspark_sps.json``, by machine key), a measured table, or a roofline of
 published figures (a card's memory bandwidth and matrix throughput, a model's size), with every input's source.
 
-Costs follow the router's own model (:mod:`router.expected_time`) plus what it leaves out: a standard row
-advances one token per forward of ``rows`` tokens, a DSpark round of ``rows`` rows costs a forward of
-``rows * verify_tokens`` tokens plus ``rows * draft_s``, and each row beyond the first adds its per-row cost.
-On the project's CPU that last term is most of a full batch's cost (``bench batching`` measured 16 rows at half
-the throughput the curve alone predicts), so the policy is judged against costs it does not fully know.
+Costs follow the router's own model (:mod:`router.expected_time`): a standard row advances one token per
+forward of ``rows`` tokens, a DSpark round of ``rows`` rows costs a forward of ``rows * verify_tokens`` tokens
+plus ``rows * draft_s``, and each row beyond the first adds its per-row cost. On the project's CPU that last
+term is most of a full batch's cost (``bench batching`` measured 16 rows at half the throughput the curve alone
+predicts); the simulated pools' configs carry it (``load.row_s``), as an operator would set it from that
+benchmark, so the policy knows the costs it is judged on.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ class CostProfile:
 
     def step_s(self, rows: int, dspark: bool) -> float:
         """Seconds of one forward of ``rows`` rows: the round cost of
-        :func:`~backends.scheduling.scaled_speedup` (the policy's own model), plus the per-row cost the
-        policy does not model."""
+        :func:`~backends.scheduling.scaled_speedup` (the policy's own model), per-row cost included."""
         if not dspark:
             return 1.0 / self.curve.at(rows) + (rows - 1) * self.standard_row_s
         forward = 1.0 / self.curve.at(max(rows, round(rows * self.verify_tokens)))

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 import yaml
 
+from backends.corpus.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 from backends.default_model import DEFAULT_MODEL
 from backends.progress import JobProgress
-from backends.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 from benchmarks.local_redis import LocalRedis
 from benchmarks.output import write_json
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import jsonschema
 
 from backends.autoregressive import AutoregressiveBackend
+from backends.corpus.subtasks import KINDS, OPEN_ENDED_KINDS, Subtask, generate_subtasks
 from backends.default_model import DEFAULT_MODEL
 from backends.progress import JobProgress
-from backends.subtasks import KINDS, OPEN_ENDED_KINDS, Subtask, generate_subtasks
 from backends.types import GenerationRequest, GenerationResult
 from benchmarks.output import write_json
 

@@ -528,6 +528,46 @@ def gateway(data: dict, results: Path, base: Path) -> str:
     )
 
 
+def soak(data: dict, results: Path, base: Path) -> str:
+    """The soak's figures (it is not part of ``bench all``: it runs as long as asked, so it names its command)."""
+    minutes = data["seconds"] / 60
+    command = f"`dspark-router bench soak --minutes {minutes:g} --json {os.path.relpath(results, base)}/soak.json`"
+    faults = ", ".join(f"{f['fault']} at {f['at_s'] / 60:.1f} min" for f in data["faults"])
+    errors = ", ".join(f"{status} x{n}" for status, n in sorted(data["errors_by_status"].items())) or "none"
+    met, targets = data["met"], data["targets"]
+    rows = [
+        ["requests lost", data["lost"], "0", met["lost"]],
+        ["requests duplicated", data["duplicated"], "0", met["duplicated"]],
+        ["5xx other than typed 503s", data["server_errors"], "0", met["server_errors"]],
+        [
+            f"p99, last {data['p99_window_s'] / 60:g} min against the first",
+            f"{data['p99_last_ms']:.0f} ms / {data['p99_first_ms']:.0f} ms ({100 * data['p99_drift']:+.1f}%)",
+            f"within {100 * targets['p99_drift']:.0f}%",
+            met["p99_drift"],
+        ],
+    ]
+    after = f"RSS growth after {data['rss_growth_after_s'] / 60:g} min"
+    rows += [
+        [
+            f"{after}: {label}",
+            f"{100 * growth:+.1f}%",
+            f"< {100 * targets['rss_growth']:.0f}%",
+            growth < targets["rss_growth"],
+        ]
+        for label, growth in sorted(data["rss_growth"].items())
+    ]
+    return "\n\n".join(
+        [
+            f"{command} ({data['model']}, {data['cpus']} cores)",
+            f"Capacity {data['capacity_rps']:.1f} requests/s in a closed loop; driven open loop at "
+            f"{data['rate_rps']:.1f} requests/s ({100 * data['load']:.0f}%) for {minutes:g} minutes: "
+            f"{data['requests']:,} requests; faults: {faults}; answers other than 200: {errors}.",
+            table(["", "measured", "target", "met"], [[*r[:3], "yes" if r[3] else "no"] for r in rows]),
+            _image(results, "soak.png", base, "latency and RSS over the soak"),
+        ]
+    )
+
+
 def published(data: dict | None, results: Path, base: Path) -> str:
     """Our accepted lengths on the paper's sets beside its figures, then the hand-written comparison."""
     parts = []
@@ -619,6 +659,9 @@ def render(results: Path, runs: dict[str, Any], base: Path) -> str:
         lines += [f"## {title}", "", *_ran(runs.get("benchmarks", {}).get(name, {}), name, shipped)]
         data = loaded[name]
         lines += [render_section(data, results, base) if data is not None else f"No `{name}.json` in this run.", ""]
+    soaked = _load(results / "soak.json")
+    if soaked is not None:
+        lines += ["## An hour of the gateway", "", soak(soaked, results, base), ""]
     lines += ["## Against published figures", "", published(loaded["decode"], results, base), ""]
     return "\n".join(lines)
 

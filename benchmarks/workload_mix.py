@@ -2,7 +2,7 @@
 arrival times at which it comes in.
 
 The mix, stated once here and never tuned to a policy: two thirds held-out subtasks, every kind of
-:mod:`backends.subtasks` in equal shares, each with the sampling settings its kind draws (mostly greedy for the
+:mod:`backends.corpus.subtasks` in equal shares, each with the sampling settings its kind draws (mostly greedy for the
 deterministic kinds, mostly sampled for the open-ended ones); one third the real prompts of ``--prompts``
 (``../shared/data/prompts``: evaluation only, nothing is fitted on them), every set in equal shares, greedy.
 The subtasks use a seed that neither the classifier's corpus nor the drafters' training nor another benchmark
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from backends.subtasks import generate_subtasks, read_jsonl
+from backends.corpus.subtasks import generate_subtasks, read_jsonl
 from benchmarks.decode_sets import shared_sets
 from classifiers.corpus import CORPUS_PATH, template_splits
 

@@ -5,6 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+# Hand-written agent requests the corpus generator never wrote: a request mix the classifier was not fitted on (and
+# the drafters never trained on); defined beside the filter that keeps it out of their corpus.
+from backends.corpus.evaluation import AGENT_MIX as AGENT_MIX
+
 if TYPE_CHECKING:
     from classifiers.model import DeterminismClassifier
 
@@ -15,8 +19,6 @@ DEFAULT_RETEST = DATA_DIR / "retest.jsonl"
 """A seeded sample of the corpus measured a second time (``calibrate --sample``): how repeatable a label is."""
 DEFAULT_CARRY_OVER = DATA_DIR / "carry_over.jsonl"
 """The same sample measured on a machine other than the labels': how well speedups carry from one to another."""
-AGENT_MIX = DATA_DIR / "agent_mix.jsonl"
-"""Hand-written agent requests the corpus generator never wrote: a request mix the classifier was not fitted on."""
 DEFAULT_AGENT_MIX_MEASUREMENTS = DATA_DIR / "agent_mix_measurements.jsonl"
 """:data:`AGENT_MIX` measured on one machine: the live traffic ``bench route`` replays to show retraining."""
 # The speedup that makes DSpark worth it: below it, a small gain does not pay for a wrong guess.

@@ -32,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 from backends.autoregressive import AutoregressiveBackend
+from backends.corpus.subtasks import Subtask
 from backends.default_model import drafters_for
 from backends.dspark.backend import DSparkBackend
 from backends.dspark.profile import carry_factor, machine_key, stored_curves
@@ -40,7 +41,6 @@ from backends.loading import resolve_device, resolve_precision
 from backends.local import LocalBackend
 from backends.progress import JobProgress
 from backends.scheduling import PROFILE_FILE
-from backends.subtasks import Subtask
 from backends.types import GenerationRequest, GenerationResult
 from classifiers.records import Measurement, Split
 

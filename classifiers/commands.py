@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
+from backends.corpus.subtasks import read_jsonl
 from backends.default_model import drafters_for
 from backends.dspark.profile import stored_curves
 from backends.errors import InvalidRequestError
 from backends.scheduling import PROFILE_FILE
-from backends.subtasks import read_jsonl
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
 from classifiers.calibrate import (
     MAX_TOKENS,

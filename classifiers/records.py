@@ -44,7 +44,7 @@ class Measurement(BaseModel):
     ``wall_time_s``, ``tokens_per_s``, ``completion_tokens``, ``forward_passes``, ``finish_reason``, and for
     DSpark ``mean_accepted`` and ``same_output`` (its tokens equal the standard pool's).
     ``split``: train/val/test; records without one (live traffic) get a stable one from a hash of the request.
-    ``kind`` and ``template``: the synthetic subtask's origin (:mod:`backends.subtasks`), when there is one.
+    ``kind`` and ``template``: the synthetic subtask's origin (:mod:`backends.corpus.subtasks`), when there is one.
     ``machine``: the key of the machine the speedup was measured on (:func:`backends.dspark.profile.machine_key`):
     speedups hold for the machine's cost curve, and a router elsewhere scales them by its own.
     """

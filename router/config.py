@@ -108,6 +108,12 @@ class PoolLoadConfig(_Strict):
     tokens_per_s: float | None = Field(
         default=None, gt=0, description="a request's decode rate alone, for a pool without a profile"
     )
+    row_s: float = Field(
+        default=0.0,
+        ge=0.0,
+        description="seconds each request beyond the first adds to a forward, outside the profile's curve of one "
+        "request (sampling, bookkeeping, padding; bench batching measures it)",
+    )
 
 
 class PoolConfig(_Strict):

@@ -6,12 +6,15 @@ For a pool whose target has a steps-per-second profile (``dspark_sps.json``, SPS
     expected_time = (queued / slots + 1) * tokens / rate(b)
 
 with b the batch the request would join. A standard request decodes one token per forward of a batch of b
-one-token rows, so rate(b) = SPS(b). A DSpark request decodes s(b) times faster, where the solo speedup s(1)
-the expected-gain model predicts shrinks once the batch fills the machine, because every row verifies k + 1
-tokens (``verify_tokens``), a forward of b (k + 1) tokens costs more than one of b, and the published drafter
-runs once per request, d seconds each (``PoolLoad.draft_s``; 0 for span heads, which draft inside the forward):
+one-token rows, so rate(b) = 1 / (1/SPS(b) + (b - 1) r), r what each row beyond the first adds outside a curve
+measured on one request (``pools.NAME.load.row_s``: sampling, bookkeeping, padding; 0 unless configured). A
+DSpark request decodes s(b) times faster, where the solo speedup s(1) the expected-gain model predicts shrinks
+once the batch fills the machine, because every row verifies k + 1 tokens (``verify_tokens``), a forward of
+b (k + 1) tokens costs more than one of b, the published drafter runs once per request, d seconds each
+(``PoolLoad.draft_s``; 0 for span heads, which draft inside the forward), and each row adds its r:
 
-    s(b) = max(floor, s(1) * SPS(1) * round(1) / (round(b) * SPS(b))),  round(b) = 1 / SPS(b (k + 1)) + b d
+    s(b) = max(floor, s(1) * SPS(1) * round(1) / (round(b) * SPS(b))),
+    round(b) = 1 / SPS(b (k + 1)) + b d + (b - 1) r
 
 This is the DSpark paper's load-aware verification budget one level up: the scheduler verifies less as the batch
 grows, the router sends a DSpark pool fewer of the subtasks it barely speeds up. On an idle pool every subtask
@@ -46,6 +49,7 @@ class PoolCost:
     verify_tokens: float | None = None
     speedup_floor: float = 0.0
     tokens_per_s: float | None = None
+    row_s: float = 0.0
 
     @classmethod
     def from_config(cls, name: str, pool: PoolConfig) -> PoolCost:
@@ -55,7 +59,13 @@ class PoolCost:
             verify_tokens=settings.verify_tokens,
             speedup_floor=settings.speedup_floor,
             tokens_per_s=settings.tokens_per_s,
+            row_s=settings.row_s,
         )
+
+    def plain_rate(self, batch: int) -> float:
+        """Tokens per second a request decodes at in a plain batch of ``batch``: one a forward, the forward
+        costing the curve's forward of ``batch`` tokens plus ``row_s`` for each row beyond the first."""
+        return 1.0 / (1.0 / self.sps.at(batch) + (batch - 1) * self.row_s)
 
 
 def _profile(name: str, pool: PoolConfig) -> SpsCurve | None:
@@ -167,7 +177,8 @@ class LoadEstimator:
         if sps is None:
             return solo
         verify = self.dspark.cost.verify_tokens or load.solo_tokens_per_forward or DEFAULT_VERIFY_TOKENS
-        speedup = scaled_speedup(solo, measured_on or sps, sps, load.batch, verify, load.draft_s)
+        row_s = self.dspark.cost.row_s
+        speedup = scaled_speedup(solo, measured_on or sps, sps, load.batch, verify, load.draft_s, row_s)
         return max(self.dspark.cost.speedup_floor, speedup)
 
     def _seen(self, load: PoolLoad, cost: PoolCost, tokens: int, speedup: float | None) -> PoolSeen:
@@ -175,8 +186,9 @@ class LoadEstimator:
         expected: float | None
         if load.slots == 0:  # no live worker: nothing there would ever answer
             expected = None
-        elif cost.sps is not None:
-            expected = (load.queued / load.slots + 1) * tokens / (cost.sps.at(load.batch) * gain)
+        elif cost.sps is not None:  # a DSpark pool's rows pay their per-row cost in its speedup's round
+            rate = cost.plain_rate(load.batch) if speedup is None else cost.sps.at(load.batch) * gain
+            expected = (load.queued / load.slots + 1) * tokens / rate
         else:
             expected = (load.depth / load.slots + 1) * tokens / ((cost.tokens_per_s or self._unit_rate) * gain)
         return PoolSeen(

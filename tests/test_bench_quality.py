@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from backends.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
+from backends.corpus.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 from backends.types import GenerationResult, GenerationStats, Usage
 from benchmarks import quality
 

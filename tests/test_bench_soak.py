@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from benchmarks import report as benchmarks_report
 from benchmarks.soak_clients import KINDS
 from router.cli import main
 
@@ -33,3 +34,6 @@ def test_a_short_soak_loses_and_duplicates_nothing_through_both_faults(tmp_path,
     assert "lost 0, duplicated 0" in printed
     assert max(map(len, printed.splitlines())) <= 80
     assert report["server_errors"] == 0, report["errors_by_status"]
+    section = benchmarks_report.soak(report, tmp_path, tmp_path)  # as BENCHMARKS.md shows it
+    assert "bench soak --minutes 0.75" in section and "![latency and RSS over the soak](soak.png)" in section
+    assert "| requests lost | 0 | 0 | yes |" in section

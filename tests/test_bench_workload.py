@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from backends.subtasks import KINDS
+from backends.corpus.subtasks import KINDS
 from benchmarks import workload
 from benchmarks.workload_mix import arrivals, build_workload
 from benchmarks.workload_policies import POLICIES, capacity, policy_config

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from backends.subtasks import generate_subtasks, write_jsonl
+from backends.corpus.subtasks import generate_subtasks, write_jsonl
 from benchmarks.route import cross_validate
 from classifiers import DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
 from classifiers.model import DeterminismClassifier

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from sklearn.feature_extraction.text import HashingVectorizer
 
-from backends.subtasks import generate_subtasks
+from backends.corpus.subtasks import generate_subtasks
 from classifiers.features import (
     STRUCTURE_FEATURES,
     TEXT_HEAD_CHARS,

@@ -17,8 +17,8 @@ import skops.io as sio
 from sklearn.linear_model import LogisticRegression
 
 import classifiers
+from backends.corpus.subtasks import generate_subtasks, read_jsonl
 from backends.errors import ModelLoadError
-from backends.subtasks import generate_subtasks, read_jsonl
 from classifiers import Scorer
 from classifiers.corpus import CORPUS_PATH, build_corpus, template_splits
 from classifiers.gain import THRESHOLD_GRID, best_threshold, time_saved

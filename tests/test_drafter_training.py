@@ -20,7 +20,8 @@ from backends.loading import load_model
 from backends.modelfactory import build_model, save_pretrained
 from backends.training import drafter as drafter_training
 from backends.training.checkpoints import CHECKPOINT_DIR
-from backends.training.commands import DISTILL_FILE, VOCAB_FILE
+from backends.training.commands import VOCAB_FILE
+from backends.training.dataset import DISTILL_FILE, FOLLOW_UPS_FILE
 from backends.training.distill import read_distilled
 from backends.training.features import FeatureCache
 from backends.training.heads import REPORT_FILE as HEADS_REPORT
@@ -39,11 +40,14 @@ def sharp_target(tmp_path_factory, tiny_tokenizer) -> Path:
     return save_pretrained(model, tiny_tokenizer, tmp_path_factory.mktemp("sharp") / "target")
 
 
+RECIPE = ["--subtasks", "12", "--stdlib", "6", "--synthesised", "7", "--follow-ups", "3", "--max-tokens", "24"]
+
+
 @pytest.fixture(scope="module")
 def run_dir(sharp_target, tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("run")
     argv = ["train", "data", "--target", str(sharp_target), "--run", str(run)]
-    assert main([*argv, "--subtasks", "12", "--openings", "6", "--max-tokens", "24", "--batch", "6"]) == 0
+    assert main([*argv, *RECIPE, "--batch", "6"]) == 0
     return run
 
 
@@ -60,14 +64,14 @@ def drafters(sharp_target, run_dir, tmp_path_factory) -> Path:
 
 
 def test_data_holds_the_targets_own_greedy_answers_and_their_features(sharp_target, run_dir):
-    records = read_distilled(run_dir / DISTILL_FILE)
-    assert len(records) == 18 and {r.source.split(":")[0] for r in records} == {"subtask", "code", "prose"}
+    records = read_distilled(run_dir / DISTILL_FILE) + read_distilled(run_dir / FOLLOW_UPS_FILE)
+    assert {"subtask", "stdlib"} <= {r.source.split(":")[0] for r in records} and len(records) >= 18
     ar = AutoregressiveBackend.from_pretrained(sharp_target)
     record = records[0]
     reference = ar.complete(GenerationRequest(prompt="x", max_tokens=1))  # warm the engine
     assert reference.token_ids
     cache = FeatureCache.load(run_dir)
-    assert cache.sequences == 18 and cache.tokens.tolist()[: len(record.tokens)] == record.tokens
+    assert cache.sequences == len(records) and cache.tokens.tolist()[: len(record.tokens)] == record.tokens
     loaded = load_model(sharp_target)
     with torch.no_grad():
         out = loaded.model(input_ids=torch.tensor([record.tokens]), output_hidden_states=True)
@@ -96,6 +100,24 @@ def test_both_drafters_learn_and_decode_losslessly_from_their_own_folder(sharp_t
             assert backend.complete(request).token_ids == ar.complete(request).token_ids, drafter
 
 
+def test_all_stages_run_in_one_process_on_the_device_there_is(sharp_target, run_dir, tmp_path):
+    """``train all`` (the GPU recipe): the corpus resumes from ``train data``'s files, the features stay in memory,
+    and both drafters it writes decode losslessly; on a CUDA machine it trains there."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    output = tmp_path / "drafters"
+    argv = ["train", "all", "--target", str(sharp_target), "--run", str(run_dir), "--output", str(output)]
+    argv += [*RECIPE, "--batch", "6", "--device", device, "--vocab-size", str(DRAFT_VOCAB), "--warmup", "2"]
+    argv += ["--heads-steps", "20", "--positions", "64", "--dspark-steps", "20", "--batch-size", "3", "--anchors", "4"]
+    assert main([*argv, "--draft-layers", "1", "--markov-rank", "16", "--checkpoint-every", "10"]) == 0
+    report = json.loads((output / DRAFTER_DIR / drafter_training.REPORT_FILE).read_text())
+    assert report["final_loss"] < report["first_loss"]
+    ar = AutoregressiveBackend.from_pretrained(sharp_target)
+    request = GenerationRequest(prompt="def parse(", max_tokens=24, temperature=0.0)
+    for drafter in ("heads", "dspark"):
+        backend = DSparkBackend.from_pretrained(sharp_target, drafter=drafter, drafter_path=output)
+        assert backend.complete(request).token_ids == ar.complete(request).token_ids, drafter
+
+
 def test_training_resumes_from_its_checkpoint(sharp_target, run_dir, drafters):
     output = drafters / DRAFTER_DIR
     argv = ["train", "dspark", "--target", str(sharp_target), "--run", str(run_dir), "--output", str(output)]
@@ -116,7 +138,7 @@ def test_calibration_lowers_ece_on_held_out_data(sharp_target, run_dir, drafters
         drafter.confidence_head.proj.weight.mul_(4.0)
         drafter.confidence_head.proj.bias.mul_(4.0)
     cache = FeatureCache.load(run_dir)
-    to_draft = drafter_training.to_draft_index(drafter.config.vocab_size, drafter.vocab.ids)
+    to_draft = drafter_training.to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
     config = replace(drafter_training.DrafterTrainConfig(output=drafters), anchors=8, autocast=False)
     before, after, temperatures, _ = drafter_training.calibrate(drafter, cache, to_draft, list(range(18)), config)
     assert after < before

@@ -56,10 +56,18 @@ class GainScorer:
         return float(request["metadata"]["gain"])
 
 
-def policy(dspark: PoolLoad, standard: PoolLoad, *, seed: int = 0, explore: float = 0.0, **cost: Any) -> Policy:
+def policy(
+    dspark: PoolLoad,
+    standard: PoolLoad,
+    *,
+    seed: int = 0,
+    explore: float = 0.0,
+    standard_row_s: float = 0.0,
+    **cost: Any,
+) -> Policy:
     estimator = LoadEstimator(
         PoolSide("dspark", lambda: dspark, PoolCost(sps=CURVE, **cost)),
-        PoolSide("standard", lambda: standard, PoolCost(sps=CURVE)),
+        PoolSide("standard", lambda: standard, PoolCost(sps=CURVE, row_s=standard_row_s)),
     )
     config = PolicyConfig(objective="time_saved", seed=seed, explore=explore)
     return Policy(config, GainScorer(), estimator)
@@ -115,6 +123,20 @@ def test_a_drafter_that_runs_once_per_request_makes_a_busy_dspark_pool_dearer():
     assert slowed.load["dspark"].speedup == pytest.approx(MARGINAL * 20 / 50) and slowed.pool == "standard"
     alone = PoolLoad(depth=0, running=0, workers=1, max_batch=16, solo_tokens_per_forward=2.0, draft_s=0.01)
     assert decide(policy(alone, IDLE), MARGINAL).pool == "dspark"
+
+
+def test_what_each_row_adds_outside_the_curve_is_paid_on_both_sides():
+    """``load.row_s``: a batched engine's per-row cost (sampling, bookkeeping) that a curve of one request never
+    sees. On a DSpark pool it lengthens every round of a full batch, on a standard one every step."""
+    busy = PoolLoad(depth=3, running=3, workers=1, max_batch=16, solo_tokens_per_forward=2.0)
+    assert decide(policy(busy, IDLE), MARGINAL).pool == "dspark"  # a flat curve: 1.2x survives a batch of 4
+    slowed = decide(policy(busy, IDLE, row_s=0.01), MARGINAL)
+    # round(1) = 10 ms, round(4) = 10 ms + 3 rows x 10 ms: the solo 1.2x keeps a quarter of itself
+    assert slowed.load["dspark"].speedup == pytest.approx(MARGINAL / 4) and slowed.pool == "standard"
+    crowded = decide(policy(IDLE, FULL, standard_row_s=0.01), MARGINAL, max_tokens=64)
+    # a step of 16 rows: 20 ms on the curve plus 15 rows x 10 ms; the queue of 8 waits half a batch more
+    assert crowded.load["standard"].expected_s == pytest.approx(1.5 * 64 * (0.02 + 0.15))
+    assert crowded.pool == "dspark"
 
 
 def test_a_speedup_measured_where_verifying_is_cheap_shrinks_where_it_is_dear():
@@ -221,6 +243,7 @@ def test_a_speedup_that_is_not_a_positive_number_is_a_routing_error():
         ({}, {"speedup_floor": -1}, "pools.dspark.load.speedup_floor"),
         ({}, {"verify_tokens": 0.5}, "pools.dspark.load.verify_tokens"),
         ({}, {"tokens_per_s": 0}, "pools.dspark.load.tokens_per_s"),
+        ({}, {"row_s": -0.1}, "pools.dspark.load.row_s"),
         ({}, {"budget": 3}, "pools.dspark.load.budget"),
     ],
 )

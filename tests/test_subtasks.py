@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 import jsonschema
 import pytest
 
-from backends.subtasks import (
+from backends.corpus.subtasks import (
     KINDS,
     OPEN_ENDED_KINDS,
     Subtask,

@@ -7,8 +7,9 @@ instead of the drafter's own (``lookup: beside``), or only such blocks (``lookup
 verified like any draft. As a draft distribution it is one-hot, so speculative sampling stays exact: the copied
 token is accepted with probability p(x), and a rejection draws from p with x removed.
 
-Which block a round verifies is decided before drafting, from each one's recent acceptance in this request
-(:class:`LookupSurvival` for copies, the drafter's own prefix survival for its blocks), so the choice never looks
+Which block a round verifies is decided before drafting, from each one's measured acceptance in this request
+(:class:`MeasuredAcceptance`, one for copies and one for the drafter's blocks; before a position was verified,
+a copy's reads as ``PRIOR`` and a draft's as the drafter's own calibrated confidence), so the choice never looks
 at the draft it decides about, and a round that copies skips the drafter's pass.
 """
 
@@ -47,23 +48,25 @@ class NgramLookup:
         return []
 
 
-class LookupSurvival:
-    """Conditional acceptance by block position of this request's copied blocks, recent rounds weighted most."""
+class MeasuredAcceptance:
+    """Conditional acceptance by block position of one kind of block this request verified (copies, or the
+    drafter's blocks), recent rounds weighted most; a position never verified yet reads as the caller's prior."""
 
     WEIGHT = 0.5
 
     def __init__(self) -> None:
         self.conditional: list[float] = []
 
-    def add(self, verified: int, accepted: int) -> None:
-        """A copied block of which ``verified`` tokens were verified and the first ``accepted`` survived."""
+    def add(self, verified: int, accepted: int, prior: list[float]) -> None:
+        """A block of which ``verified`` tokens were verified and the first ``accepted`` survived; ``prior``: the
+        estimate a first outcome at a position moves from."""
         for k in range(min(verified, accepted + 1)):
             outcome = 1.0 if k < accepted else 0.0
             if k < len(self.conditional):
                 self.conditional[k] += self.WEIGHT * (outcome - self.conditional[k])
             else:
-                self.conditional.append(PRIOR + self.WEIGHT * (outcome - PRIOR))
+                self.conditional.append(prior[k] + self.WEIGHT * (outcome - prior[k]))
 
-    def confidence(self, length: int) -> list[float]:
-        """Per-position conditional acceptance for a block of ``length`` (the prior where none was seen)."""
-        return [self.conditional[k] if k < len(self.conditional) else PRIOR for k in range(length)]
+    def confidence(self, prior: list[float]) -> list[float]:
+        """Per-position conditional acceptance for a block as long as ``prior`` (``prior`` where none was seen)."""
+        return [self.conditional[k] if k < len(self.conditional) else p for k, p in enumerate(prior)]

@@ -38,7 +38,7 @@ import torch
 from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
-from backends.dspark.lookup import LookupSurvival, NgramLookup
+from backends.dspark.lookup import PRIOR, MeasuredAcceptance, NgramLookup
 from backends.dspark.verify import RoundStats, masked_by_grammar, verify
 from backends.loading import LoadedModel
 from backends.sampling import pick_token, sample, token_probs
@@ -94,6 +94,14 @@ class RecentSurvival:
     def drafted(self, limit: int) -> None:
         self.skipped = 0 if limit else self.skipped + 1
 
+    def conditional(self, length: int) -> list[float]:
+        """The drafter's own estimate of each position's acceptance given the ones before (a_k / a_{k-1}), 1 where
+        it has not drafted that far: the prior its measured acceptance starts from."""
+        survival = [1.0, *self.survival]
+        return [
+            survival[k + 1] / survival[k] if k + 1 < len(survival) and survival[k] > 0 else 1.0 for k in range(length)
+        ]
+
 
 def target_pass(out: ForwardOut, layer_ids: list[int]) -> TargetPass:
     return TargetPass(out.logits, target_features(out.hidden_states, layer_ids)[0])
@@ -143,17 +151,17 @@ def sample_block(
     return tokens, rows
 
 
-def prefers_copy(schedule: VerifySchedule, copy_confidence: list[float], survival: RecentSurvival, limit: int) -> bool:
-    """Whether this round should verify the copied block rather than draft: its expected tokens per second (what
-    recent copies earned, over the verifying forward) against the drafter's (its recent prefix survival, over the
-    forward plus the drafter's pass). Both estimates predate this round's drafts."""
+def prefers_copy(schedule: VerifySchedule, copy_confidence: list[float], draft_confidence: list[float]) -> bool:
+    """Whether this round should verify the copied block rather than draft: each one's expected tokens per second
+    from its measured conditional acceptance by position (:class:`~backends.dspark.lookup.MeasuredAcceptance`), the
+    copy over the verifying forward, the draft over the forward plus the drafter's pass. Both estimates predate
+    this round's drafts."""
     copy_expected = 1.0 + sum(prefix_survival(copy_confidence))
-    drafted = [*survival.expected(), *[1.0] * limit][:limit]
-    draft_expected = 1.0 + sum(drafted)
+    draft_expected = 1.0 + sum(prefix_survival(draft_confidence))
     if schedule.sps is None:
         return copy_expected >= draft_expected
     copy_rate = copy_expected * schedule.sps.at(1 + len(copy_confidence))
-    draft_rate = draft_expected / (1.0 / schedule.sps.at(1 + limit) + schedule.draft_s)
+    draft_rate = draft_expected / (1.0 / schedule.sps.at(1 + len(draft_confidence)) + schedule.draft_s)
     return copy_rate >= draft_rate
 
 
@@ -195,7 +203,8 @@ class Drafting:
         self.context = ContextCache(len(drafter.layers))
         self.pending: list[torch.Tensor] = []
         self.survival = RecentSurvival()
-        self.lookup, self.copies = NgramLookup(prompt), LookupSurvival()
+        self.lookup = NgramLookup(prompt)
+        self.copies, self.drafts = MeasuredAcceptance(), MeasuredAcceptance()
 
     @property
     def committed(self) -> int:
@@ -215,10 +224,9 @@ def propose(
     """A block copied from the context or drafted, whichever is expected to commit more tokens per second; its
     length asked of the engine (``Budget`` before drafting, ``Schedule`` after)."""
     copied = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else []
-    if copied and (
-        schedule.lookup == "only" or prefers_copy(schedule, state.copies.confidence(len(copied)), state.survival, limit)
-    ):
-        confidence = state.copies.confidence(len(copied))
+    confidence = state.copies.confidence([PRIOR] * len(copied))
+    drafting = state.drafts.confidence(state.survival.conditional(limit))
+    if copied and (schedule.lookup == "only" or prefers_copy(schedule, confidence, drafting)):
         budget = yield Budget(replace(schedule, draft_s=0.0), len(copied), tuple(prefix_survival(confidence)))
         length = (yield Schedule(schedule, confidence, budget)) if budget else 0
         probs = None if request.greedy else one_hot(copied, vocab_size, torch.device("cpu"))
@@ -289,7 +297,9 @@ def decode(
             )
             rounds.verified(len(tokens), accepted, proposal.copied)
             if proposal.copied:
-                state.copies.add(len(tokens), accepted)
+                state.copies.add(len(tokens), accepted, [PRIOR] * len(tokens))
+            elif tokens:
+                state.drafts.add(len(tokens), accepted, state.survival.conditional(len(tokens)))
             state.lookup.extend([anchor, *tokens[:accepted]])
             if len(tokens) > accepted:
                 yield Rewind(len(tokens) - accepted)

@@ -12,9 +12,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 
+from backends.corpus.subtasks import generate_subtasks
 from backends.dspark.backend import DSparkBackend
 from backends.progress import JobProgress
-from backends.subtasks import generate_subtasks
 from backends.types import GenerationRequest
 
 VALIDATION_SEED = 8_001

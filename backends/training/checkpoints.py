@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -29,6 +30,11 @@ def resume_trainer_state(folder: Path, optimizer: torch.optim.Optimizer) -> tupl
     optimizer.load_state_dict(state["optimizer"])
     curve_file = folder / CURVE_FILE
     return int(state["step"]), json.loads(curve_file.read_text()) if curve_file.is_file() else []
+
+
+def out_of_time(max_seconds: float | None, started: float) -> bool:
+    """Whether a run given ``max_seconds`` from ``started`` (``time.perf_counter``) has used them up."""
+    return max_seconds is not None and time.perf_counter() - started > max_seconds
 
 
 def has_checkpoint(output: Path) -> bool:

@@ -1,8 +1,9 @@
 """``dspark-router train``: the drafters' training pipeline on a frozen target, in resumable stages.
 
-    train data   --target T --run RUN                 the target's answers to the prompt mix, and their features
+    train data   --target T --run RUN                 the target's answers to the corpus recipe, and their features
     train heads  --target T --run RUN --output DIR    span heads (dspark_config.json, dspark_heads.safetensors)
     train dspark --target T --run RUN --output DIR    the published drafter (DeepSpec's layout, own weights only)
+    train all    --target T --run RUN --output DIR    the three above in one process, features in memory (GPU)
     train export --target T --drafter DIR --output O  that drafter in the whole published layout, for vLLM/SGLang
 
 Each stage keeps what it made in RUN (or in its output's ``checkpoint/``) and continues from there when run
@@ -17,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
-DISTILL_FILE = "distill.jsonl"
+from backends.corpus.recipe import CorpusRecipe
+
 VOCAB_FILE = "vocab.json"
 
 
@@ -25,14 +27,28 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train the drafters on a frozen target (data, heads, dspark, export)")
     stages = p.add_subparsers(dest="stage", required=True)
 
-    data = stages.add_parser("data", help="the target's answers to the prompt mix, and their cached features")
+    data = stages.add_parser("data", help="the target's answers to the corpus recipe, and their cached features")
     _common(data)
-    data.add_argument("--subtasks", type=int, default=2400, help="generator subtasks (every kind, equal shares)")
-    data.add_argument("--openings", type=int, default=1200, help="requests about standard-library code and prose")
-    data.add_argument("--max-tokens", type=int, default=128, help="the longest answer")
-    data.add_argument("--batch", type=int, default=32, help="requests the engine answers at once")
-    data.add_argument("--layers", help="target layers the published drafter reads (default: DeepSpec's spread)")
+    _recipe(data)
+    data.add_argument(
+        "--no-features", dest="features", action="store_false", help="the corpus alone (train all computes them)"
+    )
     data.set_defaults(handler=_data)
+
+    every = stages.add_parser("all", help="data, heads and dspark in one process, features in memory (a GPU)")
+    _common(every)
+    _recipe(every)
+    _trained(every)
+    every.add_argument("--num-heads", type=int, default=3)
+    every.add_argument("--heads-steps", type=int, default=1500)
+    every.add_argument("--positions", type=int, default=2048)
+    every.add_argument("--dspark-steps", type=int, default=3000)
+    every.add_argument("--heads-seconds", type=float, help="the span heads' share of --max-seconds")
+    every.add_argument("--batch-size", type=int, default=8)
+    every.add_argument("--anchors", type=int, default=32)
+    every.add_argument("--draft-layers", type=int, default=2)
+    every.add_argument("--markov-rank", type=int, default=64)
+    every.set_defaults(handler=_all)
 
     heads = stages.add_parser("heads", help="span heads on the cached last hidden states")
     _common(heads)
@@ -62,10 +78,30 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     export.set_defaults(handler=_export)
 
 
+def _recipe(p: argparse.ArgumentParser) -> None:
+    recipe = CorpusRecipe()
+    p.add_argument("--subtasks", type=int, default=recipe.subtasks, help="generator subtasks (kinds in equal shares)")
+    p.add_argument("--stdlib", type=int, default=recipe.stdlib, help="requests about standard-library code and prose")
+    p.add_argument("--synthesised", type=int, default=recipe.synthesised, help="first turns the target writes")
+    p.add_argument("--follow-ups", type=int, default=recipe.follow_ups, help="second turns the target writes")
+    p.add_argument("--sampled-share", type=float, default=recipe.sampled_share, help="of synthesised turns, sampled")
+    p.add_argument("--max-tokens", type=int, default=recipe.max_tokens, help="the longest answer")
+    p.add_argument("--batch", type=int, default=32, help="requests the engine answers at once")
+    p.add_argument("--bulk-rows", type=int, default=512, help="on a GPU: prompts per generate call")
+    p.add_argument(
+        "--no-bulk-grammar",
+        dest="bulk_grammar",
+        action="store_false",
+        help="on a GPU: constrained prompts unconstrained",
+    )
+    p.add_argument("--layers", help="target layers the published drafter reads (default: DeepSpec's spread)")
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="the frozen target model folder")
     p.add_argument("--run", required=True, help="working folder: answers, features, vocabulary")
     p.add_argument("--dtype", default="auto", help="the target's precision for answers and features")
+    p.add_argument("--device", default="cpu", help="where the target answers and the drafters train (cpu, cuda)")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
 
@@ -75,6 +111,7 @@ def _trained(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab-size", type=int, default=0, help="draft vocabulary (0: the target's whole vocabulary)")
     p.add_argument("--warmup", type=int, default=50)
     p.add_argument("--checkpoint-every", type=int, default=200)
+    p.add_argument("--max-seconds", type=float, help="stop training after this long, keeping what was learnt")
 
 
 def _setup(args: argparse.Namespace):
@@ -84,32 +121,105 @@ def _setup(args: argparse.Namespace):
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    return load_model(args.target, device="cpu", dtype=args.dtype)
+    return load_model(args.target, device=args.device, dtype=args.dtype)
 
 
-def _data(args: argparse.Namespace) -> int:
+def _corpus(args: argparse.Namespace):
+    """The recipe's answered sequences and their answer tokens, with the model that answered them; a finished
+    corpus in ``--run`` is read as it is (another machine trains on what this one answered)."""
+    from backends.training.bulk import bulk_answers
+    from backends.training.dataset import build_corpus, read_corpus
+    from backends.training.distill import distillation_backend, engine_answers
+
+    backend = distillation_backend(Path(args.target), args.dtype, args.batch, args.device)
+    records = read_corpus(Path(args.run))
+    if records is None:
+        bulk = backend.loaded.device.type == "cuda"
+        answers = (
+            bulk_answers(backend, args.bulk_rows, grammar=args.bulk_grammar)
+            if bulk
+            else engine_answers(backend, args.batch)
+        )
+        recipe = CorpusRecipe(
+            subtasks=args.subtasks,
+            stdlib=args.stdlib,
+            synthesised=args.synthesised,
+            follow_ups=args.follow_ups,
+            max_tokens=args.max_tokens,
+            sampled_share=args.sampled_share,
+            seed=args.seed,
+        )
+        records, _ = build_corpus(answers, backend.loaded.tokenizer, recipe, Path(args.run))
+    return backend.loaded, records
+
+
+def _layer_ids(args: argparse.Namespace, loaded) -> list[int]:
     from backends.dspark.drafter_config import default_target_layer_ids
-    from backends.training.distill import distill, distillation_backend
-    from backends.training.features import FeatureCache, build_feature_cache
-    from backends.training.prompts import training_prompts
+
+    layers = loaded.model.config.get_text_config().num_hidden_layers
+    return [int(i) for i in args.layers.split(",")] if args.layers else default_target_layer_ids(layers)
+
+
+def _write_vocab(args: argparse.Namespace, loaded, records) -> None:
+    """The corpus's tokens ranked by frequency (the draft vocabulary is a prefix) and what each size covers."""
     from backends.training.vocab import coverage, frequency_ranked
 
-    run = Path(args.run)
-    backend = distillation_backend(Path(args.target), args.dtype, args.batch)
-    loaded = backend.loaded
-    prompts = training_prompts(args.subtasks, args.openings, args.max_tokens, seed=args.seed)
-    records = distill(backend, prompts, run / DISTILL_FILE, batch=args.batch)
-    layers = loaded.model.config.get_text_config().num_hidden_layers
-    layer_ids = [int(i) for i in args.layers.split(",")] if args.layers else default_target_layer_ids(layers)
-    if not FeatureCache.exists(run, layer_ids):
-        build_feature_cache(loaded, records, layer_ids).save(run)
     vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
     ranked = frequency_ranked(records, vocab_size, sorted(loaded.eos_ids))
     sizes = [s for s in (1024, 2048, 4096, 8192, 16384, 32768) if s < len(ranked)] + [len(ranked)]
     table = {size: round(coverage(records, ranked[:size]), 4) for size in sizes}
-    (run / VOCAB_FILE).write_text(json.dumps({"ranked": ranked, "coverage": table}) + "\n")
+    (Path(args.run) / VOCAB_FILE).write_text(json.dumps({"ranked": ranked, "coverage": table}) + "\n")
     answer_tokens = sum(len(r.completion) for r in records)
     print(json.dumps({"sequences": len(records), "answer_tokens": answer_tokens, "coverage": table}, indent=2))
+
+
+def _data(args: argparse.Namespace) -> int:
+    from backends.training.features import FeatureCache, build_feature_cache
+
+    loaded, records = _corpus(args)
+    _write_vocab(args, loaded, records)
+    if args.features:
+        layer_ids = _layer_ids(args, loaded)
+        if not FeatureCache.exists(Path(args.run), layer_ids):
+            build_feature_cache(loaded, records, layer_ids).save(Path(args.run))
+    return 0
+
+
+def _all(args: argparse.Namespace) -> int:
+    """data, heads and dspark in one process, the features held in memory in bfloat16 (where a GPU holds them);
+    the corpus files resume as in ``train data``, the features are computed again."""
+    import torch
+
+    from backends.dspark.drafter_config import DRAFTER_DIR
+    from backends.training import drafter, heads
+    from backends.training.features import build_feature_cache
+
+    loaded, records = _corpus(args)
+    _write_vocab(args, loaded, records)
+    cache = build_feature_cache(loaded, records, _layer_ids(args, loaded), dtype=torch.bfloat16)
+    output = Path(args.output)
+    common = {"warmup": args.warmup, "checkpoint_every": args.checkpoint_every, "seed": args.seed}
+    heads_config = heads.HeadsTrainConfig(
+        output=output,
+        num_heads=args.num_heads,
+        steps=args.heads_steps,
+        positions=args.positions,
+        max_seconds=args.heads_seconds,
+        **common,
+    )
+    heads.run(loaded, cache, heads_config, _vocab(args))
+    drafter_config = drafter.DrafterTrainConfig(
+        output=output / DRAFTER_DIR,
+        steps=args.dspark_steps,
+        batch_size=args.batch_size,
+        anchors=args.anchors,
+        layers=args.draft_layers,
+        markov_rank=args.markov_rank,
+        max_seconds=args.max_seconds,
+        **common,
+    )
+    report = drafter.run(loaded, cache, drafter_config, _vocab(args))
+    print(json.dumps({k: v for k, v in asdict(report).items() if k != "curve"}, indent=2))
     return 0
 
 
@@ -127,7 +237,7 @@ def _train(args: argparse.Namespace, run: Callable, config: object) -> int:
     from backends.training.features import FeatureCache
 
     loaded = _setup(args)
-    report = run(loaded, FeatureCache.load(Path(args.run)), config, _vocab(args))
+    report = run(loaded, FeatureCache.load(Path(args.run)).to(loaded.device), config, _vocab(args))
     print(json.dumps({k: v for k, v in asdict(report).items() if k != "curve"}, indent=2))
     return 0
 
@@ -144,6 +254,7 @@ def _heads(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
+        max_seconds=args.max_seconds,
     )
     return _train(args, run, config)
 
@@ -163,6 +274,7 @@ def _dspark(args: argparse.Namespace) -> int:
         block_size=args.block_size,
         layers=args.draft_layers,
         markov_rank=args.markov_rank,
+        max_seconds=args.max_seconds,
     )
     return _train(args, run, config)
 

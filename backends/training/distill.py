@@ -1,4 +1,4 @@
-"""Self-distillation data: the frozen target's own greedy answers to the prompt mix, made once and kept.
+"""Self-distillation: the frozen target's own answers to a list of prompts, made once and kept.
 
 Drafts are verified against the target, so the target's outputs are exactly what a drafter has to predict. The
 answers come from the project's own batched engine (:class:`~backends.autoregressive.AutoregressiveBackend`),
@@ -10,15 +10,17 @@ stopped; the prompt token ids are the serving path's own (:func:`~backends.loadi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
 from backends.autoregressive import AutoregressiveBackend
+from backends.corpus.recipe import TrainingPrompt
 from backends.engine import BatchLimits
+from backends.errors import InvalidRequestError
 from backends.loading import prompt_ids
 from backends.progress import JobProgress
-from backends.training.prompts import TrainingPrompt
 
 
 @dataclass(frozen=True)
@@ -46,30 +48,51 @@ def read_distilled(path: Path) -> list[Distilled]:
     return [records[i] for i in sorted(records)]
 
 
-def distill(
-    backend: AutoregressiveBackend, prompts: list[TrainingPrompt], path: Path, batch: int = 32
-) -> list[Distilled]:
-    """Answer every prompt not yet in ``path``, ``batch`` at a time in the engine, appending each as it ends."""
+Answers = Callable[[list[TrainingPrompt], list[int]], Iterator["Distilled | None"]]
+"""How a corpus is answered: given the prompts and the indices still to answer, a record for each as it ends (None
+for one the engine refuses). :func:`engine_answers` on a CPU, :func:`backends.training.bulk.bulk_answers` on a
+GPU."""
+
+
+def engine_answers(backend: AutoregressiveBackend, batch: int = 32) -> Answers:
+    """The serving engine's answers, ``batch`` requests at a time: exactly what the pool would decode. A prompt
+    the engine refuses (one too long for the model's context with its ``max_tokens``) has no record."""
+
+    def answer(prompts: list[TrainingPrompt], index: int) -> Distilled | None:
+        request = prompts[index].request
+        try:
+            ids = prompt_ids(backend.loaded, request)
+        except InvalidRequestError:
+            return None
+        result = backend.complete(request)
+        return Distilled(index, prompts[index].source, ids, list(result.token_ids))
+
+    def answers(prompts: list[TrainingPrompt], todo: list[int]) -> Iterator[Distilled | None]:
+        with ThreadPoolExecutor(batch) as pool:
+            for future in as_completed([pool.submit(answer, prompts, i) for i in todo]):
+                yield future.result()
+
+    return answers
+
+
+def distill(answers: Answers, prompts: list[TrainingPrompt], path: Path) -> list[Distilled]:
+    """Answer every prompt not yet in ``path``, appending each record as it ends; the records in prompt order
+    (the caller sees a refused prompt by the index it lacks)."""
     done = {record.index for record in read_distilled(path)}
     todo = [i for i in range(len(prompts)) if i not in done]
     path.parent.mkdir(parents=True, exist_ok=True)
-
-    def answer(index: int) -> Distilled:
-        request = prompts[index].request
-        result = backend.complete(request)
-        return Distilled(index, prompts[index].source, prompt_ids(backend.loaded, request), list(result.token_ids))
-
-    with JobProgress(log_every=100) as progress, path.open("a") as out, ThreadPoolExecutor(batch) as pool:
+    with JobProgress(log_every=100) as progress, path.open("a") as out:
         task = progress.add_job("self-distillation", total=len(prompts), completed=len(done))
         tokens = 0
-        for future in as_completed([pool.submit(answer, i) for i in todo]):
-            record = future.result()
-            out.write(json.dumps(record.__dict__) + "\n")
-            out.flush()
-            tokens += len(record.completion)
+        for record in answers(prompts, todo):
+            if record is not None:
+                out.write(json.dumps(record.__dict__) + "\n")
+                out.flush()
+                tokens += len(record.completion)
             progress.step(task, status=f"{tokens} tokens")
     return read_distilled(path)
 
 
-def distillation_backend(target: Path, dtype: str, batch: int) -> AutoregressiveBackend:
-    return AutoregressiveBackend.from_pretrained(target, device="cpu", dtype=dtype, limits=BatchLimits(max_batch=batch))
+def distillation_backend(target: Path, dtype: str, batch: int, device: str = "cpu") -> AutoregressiveBackend:
+    limits = BatchLimits(max_batch=batch)
+    return AutoregressiveBackend.from_pretrained(target, device=device, dtype=dtype, limits=limits)

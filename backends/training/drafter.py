@@ -34,6 +34,7 @@ from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
     has_checkpoint,
+    out_of_time,
     resume_trainer_state,
     save_trainer_state,
     split_sequences,
@@ -67,6 +68,8 @@ class DrafterTrainConfig:
     confidence_weight: float = 1.0
     loss_decay: float = 7.0
     autocast: bool = True
+    max_seconds: float | None = None
+    """Stop after this long, keeping what was learnt (a leased GPU's time is fixed in advance)."""
 
 
 @dataclass
@@ -110,13 +113,13 @@ def padded_rows(cache: FeatureCache, rows: list[int]) -> dict[str, torch.Tensor]
     """Right-padded tokens, features, last hidden states and normalisers of ``rows``, with the answer mask."""
     spans = [cache.span(i) for i in rows]
     width = max(s.stop - s.start for s in spans)
-    batch = len(rows)
+    batch, device = len(rows), cache.tokens.device
     out = {
-        "ids": torch.zeros(batch, width, dtype=torch.long),
+        "ids": torch.zeros(batch, width, dtype=torch.long, device=device),
         "features": cache.features.new_zeros(batch, width, cache.features.shape[1]),
         "final": cache.final.new_zeros(batch, width, cache.final.shape[1]),
-        "lse": torch.zeros(batch, width),
-        "continuation": torch.zeros(batch, width, dtype=torch.bool),
+        "lse": torch.zeros(batch, width, device=device),
+        "continuation": torch.zeros(batch, width, dtype=torch.bool, device=device),
     }
     for r, (index, span) in enumerate(zip(rows, spans)):
         n = span.stop - span.start
@@ -132,10 +135,10 @@ def sample_anchors(continuation: torch.Tensor, count: int, generator: torch.Gene
     """Up to ``count`` anchors per row [B, count] where the anchor and the token after it are answer tokens;
     rows with fewer repeat some (harmless duplicates of a block, weighted as the others)."""
     valid = continuation[:, :-1] & continuation[:, 1:]
-    scores = torch.rand(valid.shape, generator=generator).masked_fill(~valid, -1.0)
+    scores = torch.rand(valid.shape, generator=generator).to(valid.device).masked_fill(~valid, -1.0)
     order = scores.argsort(dim=1, descending=True)
     have = valid.sum(dim=1, keepdim=True).clamp_min(1)
-    picks = torch.arange(count).unsqueeze(0) % have
+    picks = torch.arange(count, device=valid.device).unsqueeze(0) % have
     return order.gather(1, picks)
 
 
@@ -154,13 +157,13 @@ def block_forward(
     ids, continuation = data["ids"], data["continuation"]
     anchors = sample_anchors(continuation, anchors_per_row, generator)
     batch, width = ids.shape
-    positions = torch.arange(width).expand(batch, -1)
+    positions = torch.arange(width, device=ids.device).expand(batch, -1)
     context = drafter.context_keys_values(data["features"], positions)
-    offsets = torch.arange(gamma)
+    offsets = torch.arange(gamma, device=ids.device)
     block_pos = (anchors.unsqueeze(-1) + offsets).view(batch, -1)
     block_ids = torch.full_like(block_pos, drafter.config.mask_token_id)
     block_ids.view(batch, -1, gamma)[..., 0] = ids.gather(1, anchors)
-    block_of = torch.arange(block_pos.shape[1]) // gamma
+    block_of = torch.arange(block_pos.shape[1], device=ids.device) // gamma
     sees_context = positions.unsqueeze(1) < anchors.repeat_interleave(gamma, dim=1).unsqueeze(-1)
     sees_block = (block_of.unsqueeze(1) == block_of.unsqueeze(0)).expand(batch, -1, -1)
     mask = torch.cat([sees_context, sees_block], dim=-1).unsqueeze(1)
@@ -182,7 +185,7 @@ def block_forward(
 
 def block_losses(blocks: BlockBatch, config: DrafterTrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
     gamma = blocks.labels.shape[-1]
-    decay = torch.exp(-torch.arange(gamma) / config.loss_decay)
+    decay = torch.exp(-torch.arange(gamma, device=blocks.labels.device) / config.loss_decay)
     weights = blocks.valid.float() * decay
     total = weights.sum().clamp_min(1e-6)
     logprobs = torch.log_softmax(blocks.draft_logits.float(), dim=-1)  # one vocabulary-wide pass for both losses
@@ -218,7 +221,7 @@ def expected_calibration_error(predicted: torch.Tensor, target: torch.Tensor) ->
 
 def survival_ece(logits: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor, temperatures: list[float]) -> float:
     """Mean over positions of the ECE of prefix survival a_k = prod sigmoid(l_i / T_i) against prod c*_i."""
-    scaled = torch.sigmoid(logits / torch.tensor(temperatures))
+    scaled = torch.sigmoid(logits / torch.tensor(temperatures, device=logits.device))
     predicted, target = scaled.cumprod(dim=-1), labels.cumprod(dim=-1)
     errors = [
         expected_calibration_error(predicted[valid[:, k], k], target[valid[:, k], k])
@@ -239,7 +242,8 @@ def sequential_temperature_scaling(logits: torch.Tensor, labels: torch.Tensor, v
 
         def ece_at(t: float, k: int = k) -> float:
             trial = [*temperatures[:k], t, *temperatures[k + 1 :]]
-            predicted = torch.sigmoid(logits[:, : k + 1] / torch.tensor(trial[: k + 1])).cumprod(dim=-1)[:, k]
+            scale = torch.tensor(trial[: k + 1], device=logits.device)
+            predicted = torch.sigmoid(logits[:, : k + 1] / scale).cumprod(dim=-1)[:, k]
             target = labels[:, : k + 1].cumprod(dim=-1)[:, k]
             return expected_calibration_error(predicted[valid[:, k]], target[valid[:, k]])
 
@@ -255,7 +259,7 @@ def confidence_records(
     saved, drafter.config.confidence_temperatures = drafter.config.confidence_temperatures, None
     generator = torch.Generator().manual_seed(config.seed + 1)
     logits, labels, valid = [], [], []
-    with _autocast(config):
+    with _autocast(config, cache.tokens.device):
         for start in range(0, len(rows), config.batch_size):
             chunk = rows[start : start + config.batch_size]
             blocks = block_forward(drafter, cache, to_draft, chunk, config.anchors, generator)
@@ -291,16 +295,16 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
     return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _autocast(config: DrafterTrainConfig):
-    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast)
+def _autocast(config: DrafterTrainConfig, device: torch.device):
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast)
 
 
-def to_draft_index(vocab_size: int, draft_vocab: torch.Tensor | None) -> torch.Tensor:
+def to_draft_index(vocab_size: int, draft_vocab: torch.Tensor | None, device: torch.device) -> torch.Tensor:
     """Target id -> draft-vocabulary index, -1 for ids the draft vocabulary lacks."""
     if draft_vocab is None:
-        return torch.arange(vocab_size)
-    index = torch.full((vocab_size,), -1, dtype=torch.long)
-    index[draft_vocab] = torch.arange(len(draft_vocab))
+        return torch.arange(vocab_size, device=device)
+    index = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+    index[draft_vocab.to(device)] = torch.arange(len(draft_vocab), device=device)
     return index
 
 
@@ -310,7 +314,7 @@ def train_drafter(
     """The loop: only the drafter's own parameters learn (the shared embedding and LM head are the target's).
     Returns each step's loss, the step it started at, and the learning curve."""
     drafter.train()
-    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids)
+    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
     params = [p for p in drafter.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
     start, curve = 0, []
@@ -323,11 +327,12 @@ def train_drafter(
     generator = torch.Generator().manual_seed(config.seed + start)
     losses: list[float] = []
     ema: dict[str, float] = {}
+    started = time.perf_counter()
     with JobProgress() as progress:
         task = progress.add_job("train (dspark drafter)", total=config.steps, completed=start)
         for step in range(start, config.steps):
             rows = rng.sample(training, min(config.batch_size, len(training)))
-            with _autocast(config):
+            with _autocast(config, cache.tokens.device):
                 blocks = block_forward(drafter, cache, to_draft, rows, config.anchors, generator)
                 loss, values = block_losses(blocks, config)
             for group in optimizer.param_groups:
@@ -339,10 +344,13 @@ def train_drafter(
             losses.append(values["loss"])
             ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in values.items()}
             progress.step(task, status=" ".join(f"{k}={v:.3f}" for k, v in ema.items()))
-            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+            done = step + 1 == config.steps or out_of_time(config.max_seconds, started)
+            if (step + 1) % config.checkpoint_every == 0 or done:
                 curve.append({"step": step + 1, "loss": ema["loss"], "tau": ema["tau"]})
                 drafter.save(config.output / CHECKPOINT_DIR)
                 save_trainer_state(config.output / CHECKPOINT_DIR, optimizer, config, step + 1, curve)
+            if done:
+                break
     drafter.eval()
     return losses, start, curve
 
@@ -370,10 +378,10 @@ def run(
         markov_rank=config.markov_rank,
         target_layer_ids=layer_ids,
     ).float()
-    drafter.bind_vocab()
+    drafter.to(loaded.device).bind_vocab()
     started = time.perf_counter()
     losses, start, curve = train_drafter(drafter, cache, training, config)
-    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids)
+    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
     before, after, temperatures, acceptance = calibrate(drafter, cache, to_draft, held_out, config)
     drafter.save(config.output, dtype=torch.bfloat16)
     survival, expected = 1.0, 1.0
@@ -381,7 +389,7 @@ def run(
         survival *= rate
         expected += survival
     report = DrafterTrainReport(
-        steps=config.steps,
+        steps=curve[-1]["step"] if curve else start,
         seconds=time.perf_counter() - started,
         first_loss=losses[0] if losses and start == 0 else float("nan"),
         final_loss=sum(losses[-10:]) / len(losses[-10:]) if losses else float("nan"),

@@ -77,21 +77,31 @@ class FeatureCache:
         meta = folder / META_FILE
         return (folder / FEATURES_FILE).is_file() and json.loads(meta.read_text())["layer_ids"] == layer_ids
 
+    def to(self, device: torch.device | str) -> FeatureCache:
+        """The cache on ``device`` (training reads it where the drafter trains)."""
+        moved = {name: getattr(self, name).to(device) for name in ("tokens", "offsets", "prompt_lens")}
+        tensors = {name: getattr(self, name).to(device) for name in ("features", "final", "lse")}
+        return FeatureCache(**moved, **tensors, layer_ids=self.layer_ids)
+
 
 @torch.inference_mode()
-def build_feature_cache(loaded: LoadedModel, records: list[Distilled], layer_ids: list[int]) -> FeatureCache:
+def build_feature_cache(
+    loaded: LoadedModel, records: list[Distilled], layer_ids: list[int], dtype: torch.dtype | None = None
+) -> FeatureCache:
     """One target forward per group of similar-length sequences (right-padded: causal attention keeps padding out
-    of every real position), in the loaded model's dtype."""
+    of every real position), kept where the model runs, hidden states in ``dtype`` (else the model's; bfloat16
+    halves a large corpus's cache, and training computes in bfloat16 anyway)."""
     model = loaded.model
     lm_head = model.get_output_embeddings()
     order = sorted(range(len(records)), key=lambda i: len(records[i].tokens))
     lengths = torch.tensor([len(r.tokens) for r in records])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     total, hidden = int(offsets[-1]), model.config.get_text_config().hidden_size
-    features = torch.empty(total, len(layer_ids) * hidden, dtype=model.dtype)
-    final = torch.empty(total, hidden, dtype=model.dtype)
-    lse = torch.empty(total, dtype=torch.float32)
-    tokens = torch.tensor([t for r in records for t in r.tokens])
+    store, dtype = loaded.device, dtype or model.dtype
+    features = torch.empty(total, len(layer_ids) * hidden, dtype=dtype, device=store)
+    final = torch.empty(total, hidden, dtype=dtype, device=store)
+    lse = torch.empty(total, dtype=torch.float32, device=store)
+    tokens = torch.tensor([t for r in records for t in r.tokens], device=store)
     with JobProgress(log_every=200) as progress:
         task = progress.add_job("target features", total=len(records))
         start = 0
@@ -112,10 +122,10 @@ def build_feature_cache(loaded: LoadedModel, records: list[Distilled], layer_ids
             for row, index in enumerate(group):
                 n = len(records[index].tokens)
                 rows = slice(int(offsets[index]), int(offsets[index]) + n)
-                features[rows] = layers[row, :n].cpu()
-                final[rows] = out.last_hidden_state[row, :n].cpu()
-                lse[rows] = torch.logsumexp(lm_head(out.last_hidden_state[row, :n]).float(), dim=-1).cpu()
+                features[rows] = layers[row, :n].to(dtype)
+                final[rows] = out.last_hidden_state[row, :n].to(dtype)
+                lse[rows] = torch.logsumexp(lm_head(out.last_hidden_state[row, :n]).float(), dim=-1)
             start += len(group)
             progress.step(task, len(group))
-    prompt_lens = torch.tensor([len(r.prompt) for r in records])
-    return FeatureCache(tokens, offsets, prompt_lens, features, final, lse, list(layer_ids))
+    prompt_lens = torch.tensor([len(r.prompt) for r in records], device=store)
+    return FeatureCache(tokens, offsets.to(store), prompt_lens, features, final, lse, list(layer_ids))

@@ -25,6 +25,7 @@ from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
     has_checkpoint,
+    out_of_time,
     resume_trainer_state,
     save_trainer_state,
     split_sequences,
@@ -51,6 +52,8 @@ class HeadsTrainConfig:
     holdout: float = 0.05
     seed: int = 0
     autocast: bool = True
+    max_seconds: float | None = None
+    """Stop after this long, keeping what was learnt (a leased GPU's time is fixed in advance)."""
 
 
 @dataclass
@@ -69,7 +72,7 @@ def answer_positions(cache: FeatureCache, rows: list[int], reach: int) -> torch.
     for index in rows:
         span = cache.span(index)
         first = span.start + int(cache.prompt_lens[index]) - 1
-        picked.append(torch.arange(first, max(first, span.stop - reach)))  # none where the answer is shorter
+        picked.append(torch.arange(first, max(first, span.stop - reach), device=cache.tokens.device))  # none if shorter
     return torch.cat(picked)
 
 
@@ -98,10 +101,10 @@ def run(
     reach = config.num_heads + 2
     held_rows, training_rows = split_sequences(cache.sequences, config.seed, config.holdout)
     held_out, training = answer_positions(cache, held_rows, reach), answer_positions(cache, training_rows, reach)
-    heads = DSparkModel.with_new_heads(loaded, config.num_heads, draft_vocab).heads.float()
+    heads = DSparkModel.with_new_heads(loaded, config.num_heads, draft_vocab).heads.float().to(loaded.device)
     heads.bind_vocab(loaded.model.get_output_embeddings())
     heads.train()
-    to_draft = to_draft_index(loaded.model.get_output_embeddings().weight.shape[0], draft_vocab)
+    to_draft = to_draft_index(loaded.model.get_output_embeddings().weight.shape[0], draft_vocab, cache.tokens.device)
     optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
     start, curve = 0, []
     if has_checkpoint(config.output):
@@ -111,11 +114,12 @@ def run(
     generator = torch.Generator().manual_seed(config.seed + start)
     started = time.perf_counter()
     ema: dict[str, float] = {}
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.autocast)
+    autocast = torch.autocast(cache.tokens.device.type, dtype=torch.bfloat16, enabled=config.autocast)
     with JobProgress() as progress:
         task = progress.add_job("train (span heads)", total=config.steps, completed=start)
         for step in range(start, config.steps):
-            picked = training[torch.randint(len(training), (config.positions,), generator=generator)]
+            drawn = torch.randint(len(training), (config.positions,), generator=generator)
+            picked = training[drawn.to(training.device)]
             with autocast:
                 loss, accuracies = head_losses(heads, cache, to_draft, picked, config.loss_decay)
             for group in optimizer.param_groups:
@@ -127,7 +131,8 @@ def run(
             values = {"loss": loss.item(), **{f"acc{k + 2}": a.item() for k, a in enumerate(accuracies)}}
             ema = {k: v if k not in ema else 0.98 * ema[k] + 0.02 * v for k, v in values.items()}
             progress.step(task, status=" ".join(f"{k}={v:.3f}" for k, v in ema.items()))
-            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+            done = step + 1 == config.steps or out_of_time(config.max_seconds, started)
+            if (step + 1) % config.checkpoint_every == 0 or done:
                 tau = 1.0 + sum(
                     torch.tensor([ema[f"acc{k + 2}"] for k in range(j + 1)]).prod().item()
                     for j in range(config.num_heads)
@@ -135,11 +140,13 @@ def run(
                 curve.append({"step": step + 1, "loss": ema["loss"], "tau": tau})
                 heads.save(config.output / CHECKPOINT_DIR)
                 save_trainer_state(config.output / CHECKPOINT_DIR, optimizer, config, step + 1, curve)
+            if done:
+                break
     heads.eval()
     accuracy = _held_out_accuracy(heads, cache, to_draft, held_out, config, autocast)
     heads.save(config.output, dtype=torch.bfloat16)
     report = HeadsTrainReport(
-        steps=config.steps,
+        steps=curve[-1]["step"] if curve else start,
         seconds=time.perf_counter() - started,
         final_loss=ema.get("loss", float("nan")),
         accuracy_by_head=accuracy,
@@ -158,7 +165,7 @@ def _held_out_accuracy(
     config: HeadsTrainConfig,
     autocast: torch.autocast,
 ) -> list[float]:
-    hits = torch.zeros(config.num_heads)
+    hits = torch.zeros(config.num_heads, device=positions.device)
     for chunk in positions.split(config.positions):
         with autocast:
             _, accuracies = head_losses(heads, cache, to_draft, chunk, config.loss_decay)

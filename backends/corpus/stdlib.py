@@ -1,38 +1,31 @@
-"""The prompt mix the drafters learn the target's answers to: offline, reproducible, never the evaluation sets.
+"""Requests about the Python standard library's own code and docstrings: real code and English that no
+template here produces, so a drafter learns how the target answers text it has not seen.
 
-Two sources, both made here and both sent to the target exactly as serving sends them (a
-:class:`~backends.types.GenerationRequest` through the target's own chat template):
-
-- agent subtasks from :func:`backends.subtasks.generate_subtasks`, with their response formats and tools, which
-  is what the DSpark pool serves;
-- requests about Python standard-library code and docstrings (complete, explain, summarise, continue): real code
-  and English the generator's templates never produce, so a drafter learns how the target answers text it has
-  not seen. Every interpreter carries them, the PSF License allows their reuse, and nothing is downloaded.
-
-``../shared/data/prompts`` (HumanEval, MBPP, GSM8K, MATH-500, MT-Bench) is evaluation only and never read here.
+Every interpreter carries these files, the PSF License allows their reuse, and nothing is downloaded. A chunk of
+a module (about CHUNK_CHARS, broken at blank lines so most hold whole definitions) is asked about the way agents
+ask about code: complete, continue, explain, summarise, edit, add type hints or docstrings, extract its names as
+JSON. Files are visited in a seeded order, a few chunks of each, so a small mix still spans many modules.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import os
 import random
 import tokenize
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from backends.subtasks import generate_subtasks
 from backends.types import GenerationRequest
 
-DISTILL_SEED = 0
-"""The subtask seed the drafters train on; the classifier's corpus, the benchmarks and tuning use others."""
 CHUNK_CHARS = 1500
 OPENING_CHARS = 600
-_SPECIAL_TEXT = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+SPECIAL_TEXT = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+"""Chat-template markers: text holding one would end or fork a conversation early."""
 # Tests, GUIs, vendored packages and generated tables: code nobody asks an agent about.
 _SKIPPED_DIRS = frozenset(
     {
@@ -53,52 +46,60 @@ _SKIPPED_DIRS = frozenset(
 )
 _SKIPPED_FILES = frozenset({"__hello__.py", "antigravity.py", "this.py"})
 _MIN_DOCSTRING_CHARS = 40
+_NAMES_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "functions": {"type": "array", "items": {"type": "string"}},
+        "classes": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["functions", "classes"],
+    "additionalProperties": False,
+}
 _ASKS = {
     "code": (
         "Complete this code:\n```python\n{}\n```",
         "What does this code do?\n{}",
         "Write a solution in the style of this code:\n```python\n{}\n```",
         "Add type hints to this code and return it:\n```python\n{}\n```",
+        "Add a docstring to every function in this code:\n```python\n{}\n```",
+        "Rewrite this code with clearer variable names:\n```python\n{}\n```",
+        "Find a bug in this code, if there is one, and show the fix:\n```python\n{}\n```",
         "{}",
     ),
-    "prose": ("Summarise:\n{}", "Explain in simple words: {}", "Write more about this:\n{}", "{}"),
+    "prose": (
+        "Summarise:\n{}",
+        "Explain in simple words: {}",
+        "Write more about this:\n{}",
+        "Give a one-line description of:\n{}",
+        "{}",
+    ),
 }
+_EXTRACT = "List the functions and classes this code defines, as JSON:\n```python\n{}\n```"
 
 
-@dataclass(frozen=True)
-class TrainingPrompt:
-    source: str
-    """``subtask:<kind>``, ``code`` or ``prose``."""
-    request: GenerationRequest
-
-
-def training_prompts(subtasks: int, openings: int, max_tokens: int, seed: int = DISTILL_SEED) -> list[TrainingPrompt]:
-    """``subtasks`` generator subtasks (every kind in equal shares) and ``openings`` requests about standard-
-    library code (two in three) and docstrings, each decoded greedily for at most ``max_tokens``."""
-    prompts = [
-        TrainingPrompt(
-            f"subtask:{subtask.kind}",
-            GenerationRequest(
-                messages=subtask.messages,
-                response_format=subtask.response_format,
-                tools=subtask.tools,
-                max_tokens=min(subtask.max_tokens, max_tokens),
-                temperature=0.0,
-            ),
-        )
-        for subtask in generate_subtasks(subtasks, seed=seed)
-    ]
-    rng = random.Random(f"openings:{seed}")
-    sources = {name: _stdlib_chunks(name, f"{seed}:openings:{name}") for name in _ASKS}
-    for i in range(openings):
+def stdlib_requests(count: int, max_tokens: int, seed: int) -> list[tuple[str, GenerationRequest]]:
+    """``count`` (source, request) pairs, greedy: two in three about code (one in eight of those an extraction
+    under a JSON schema, as a tool-using agent sends it), the rest about docstrings."""
+    rng = random.Random(f"stdlib:{seed}")
+    sources = {name: _stdlib_chunks(name, f"{seed}:stdlib:{name}") for name in _ASKS}
+    requests = []
+    for i in range(count):
         source = "code" if i % 3 else "prose"
-        chunk = next(chunk for chunk in sources[source] if rng.random() < 0.25)  # a few chunks of each file
-        content = rng.choice(_ASKS[source]).format(chunk[:OPENING_CHARS])
+        chunk = next(chunk for chunk in sources[source] if rng.random() < 0.25)[:OPENING_CHARS]
+        response_format = None
+        if source == "code" and rng.random() < 0.125:
+            content = _EXTRACT.format(chunk)
+            response_format = {"type": "json_schema", "json_schema": {"name": "names", "schema": _NAMES_SCHEMA}}
+        else:
+            content = rng.choice(_ASKS[source]).format(chunk)
         request = GenerationRequest(
-            messages=[{"role": "user", "content": content}], max_tokens=max_tokens, temperature=0
+            messages=[{"role": "user", "content": content}],
+            max_tokens=max_tokens,
+            temperature=0,
+            response_format=response_format,
         )
-        prompts.append(TrainingPrompt(source, request))
-    return prompts
+        requests.append((f"stdlib:{source}", request))
+    return requests
 
 
 def stdlib_dir() -> Path:
@@ -122,7 +123,7 @@ def stdlib_files(root: Path | None = None) -> list[Path]:
 
 def _usable(text: str) -> bool:
     """No special tokens (they would end a conversation early) and no licence boilerplate."""
-    return not any(token in text for token in _SPECIAL_TEXT) and "copyright" not in text.lower()
+    return not any(token in text for token in SPECIAL_TEXT) and "copyright" not in text.lower()
 
 
 def _chunks(text: str) -> list[str]:
@@ -177,9 +178,11 @@ def _file_documents(path: Path, root: Path) -> dict[str, tuple[str, ...]]:
 
 
 def _stdlib_chunks(source: str, seed: str) -> Iterator[str]:
-    """Chunks of one kind from the files in seeded order, read lazily so that small mixes stay fast."""
+    """Chunks of one kind from the files in seeded order, read lazily so that small mixes stay fast; a mix larger
+    than one pass takes another, in another order (the caller keeps a share of each pass's chunks)."""
     root = stdlib_dir()
-    files = stdlib_files(root)
-    random.Random(seed).shuffle(files)
-    for path in files:
-        yield from _file_documents(path, root)[source]
+    for rounds in itertools.count():
+        files = stdlib_files(root)
+        random.Random(f"{seed}:{rounds}").shuffle(files)
+        for path in files:
+            yield from _file_documents(path, root)[source]
