@@ -206,6 +206,14 @@ class Drafting:
         self.lookup = NgramLookup(prompt)
         self.copies, self.drafts = MeasuredAcceptance(), MeasuredAcceptance()
 
+    def expected_draft(self, limit: int) -> tuple[float, ...]:
+        """The prefix survival a draft of ``limit`` is budgeted at: the drafter's measured acceptance where its
+        blocks were verified, its calibrated confidence elsewhere; none (optimistic) on a probe, so a request
+        whose drafts stopped paying is tried again (:class:`RecentSurvival`)."""
+        if not self.survival.expected():
+            return ()
+        return tuple(prefix_survival(self.drafts.confidence(self.survival.conditional(limit))))
+
     @property
     def committed(self) -> int:
         return self.context.length + sum(features.shape[0] for features in self.pending)
@@ -233,7 +241,7 @@ def propose(
         return replace(cut(copied, length, probs, constraint), copied=True)
     if schedule.lookup == "only":
         return Proposal([])
-    limit = yield Budget(schedule, limit, state.survival.expected())
+    limit = yield Budget(schedule, limit, state.expected_draft(limit))
     state.survival.drafted(limit)
     if not limit:  # the drafter is skipped, and its context catches up on the next round that drafts
         return Proposal([])
