@@ -64,13 +64,14 @@ class EvaluationFilter:
         return cls(evaluation_texts())
 
     def leaks(self, text: str) -> bool:
-        tokens = words(text)
+        return self.overlaps(words(text))
+
+    def overlaps(self, tokens: list[str]) -> bool:
+        """:meth:`leaks` for a text already split by :func:`words`."""
         if any(gram in self.ngrams for gram in _ngrams(tokens)):
             return True
-        if " ".join(tokens) in self.exact:
-            return True
-        joined = f" {' '.join(tokens)} "
-        return any(f" {short} " in joined for short in self.short)
+        joined = " ".join(tokens)
+        return joined in self.exact or any(f" {short} " in f" {joined} " for short in self.short)
 
 
 def _ngrams(tokens: list[str]) -> Iterable[tuple[str, ...]]:

@@ -37,7 +37,7 @@ MANIFEST_FILE = "corpus_manifest.json"
 
 @dataclass(frozen=True)
 class CorpusRecipe:
-    """How many prompts of each source; ``make model`` passes the shipped drafters' recipe."""
+    """How many prompts of each source, and how they are answered; the defaults are what ``make model`` runs."""
 
     subtasks: int = 5000
     stdlib: int = 3500
@@ -105,9 +105,9 @@ class PromptFilter:
         for prompt in prompts:
             count = self.manifest.count(prompt.source)
             count.made += 1
-            text = _text(prompt.request)
-            key = " ".join(words(text))
-            if self.evaluation.leaks(text):
+            tokens = words(_text(prompt.request))
+            key = " ".join(tokens)
+            if self.evaluation.overlaps(tokens):
                 count.evaluation_overlap += 1
             elif key in self.seen:
                 count.duplicates += 1

@@ -56,7 +56,8 @@ def turn_prefix(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str
     return text[: text.index(_MARK)]
 
 
-def _system(domain: str) -> list[dict[str, str]]:
+def system_messages(domain: str) -> list[dict[str, str]]:
+    """The messages a turn of ``domain`` is written and answered under: its system prompt, if it has one."""
     prompt = DOMAINS[domain]
     return [] if prompt is None else [{"role": "system", "content": prompt}]
 
@@ -80,7 +81,7 @@ def first_turn_requests(
     pairs = []
     for i in range(count):
         domain = names[i % len(names)]
-        prompt = turn_prefix(tokenizer, _system(domain))
+        prompt = turn_prefix(tokenizer, system_messages(domain))
         pairs.append((domain, GenerationRequest(prompt=prompt, **_sampling(_seed(seed, "first", i)))))
     return pairs
 
@@ -89,12 +90,8 @@ def follow_up_requests(
     tokenizer: PreTrainedTokenizerBase, conversations: list[Conversation], seed: int
 ) -> list[GenerationRequest]:
     """One request a conversation: its text up to the open next user turn."""
-    return [
-        GenerationRequest(
-            prompt=turn_prefix(tokenizer, [*_system(c.domain), *c.messages]), **_sampling(_seed(seed, "next", i))
-        )
-        for i, c in enumerate(conversations)
-    ]
+    prompts = [turn_prefix(tokenizer, [*system_messages(c.domain), *c.messages]) for c in conversations]
+    return [GenerationRequest(prompt=p, **_sampling(_seed(seed, "next", i))) for i, p in enumerate(prompts)]
 
 
 def user_turn(text: str) -> str | None:
@@ -104,11 +101,6 @@ def user_turn(text: str) -> str | None:
     if any(marker in text for marker in SPECIAL_TEXT) or len(text) > MAX_CHARS:
         return None
     return text if len(text.split()) >= MIN_WORDS else None
-
-
-def system_messages(domain: str) -> list[dict[str, str]]:
-    """The messages a synthesised turn of ``domain`` is answered under: its system prompt, as it was written."""
-    return _system(domain)
 
 
 def _seed(seed: int, stage: str, index: int) -> int:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 import torch
 
@@ -98,9 +99,8 @@ class RecentSurvival:
         """The drafter's own estimate of each position's acceptance given the ones before (a_k / a_{k-1}), 1 where
         it has not drafted that far: the prior its measured acceptance starts from."""
         survival = [1.0, *self.survival]
-        return [
-            survival[k + 1] / survival[k] if k + 1 < len(survival) and survival[k] > 0 else 1.0 for k in range(length)
-        ]
+        ratios = [a / before if before > 0 else 1.0 for before, a in pairwise(survival)]
+        return [*ratios, *[1.0] * length][:length]
 
 
 def target_pass(out: ForwardOut, layer_ids: list[int]) -> TargetPass:
@@ -206,13 +206,10 @@ class Drafting:
         self.lookup = NgramLookup(prompt)
         self.copies, self.drafts = MeasuredAcceptance(), MeasuredAcceptance()
 
-    def expected_draft(self, limit: int) -> tuple[float, ...]:
-        """The prefix survival a draft of ``limit`` is budgeted at: the drafter's measured acceptance where its
-        blocks were verified, its calibrated confidence elsewhere; none (optimistic) on a probe, so a request
-        whose drafts stopped paying is tried again (:class:`RecentSurvival`)."""
-        if not self.survival.expected():
-            return ()
-        return tuple(prefix_survival(self.drafts.confidence(self.survival.conditional(limit))))
+    def draft_confidence(self, limit: int) -> list[float]:
+        """A draft of ``limit``'s expected conditional acceptance by position: the drafter's measured acceptance
+        where its blocks were verified, its calibrated confidence elsewhere."""
+        return self.drafts.confidence(self.survival.conditional(limit))
 
     @property
     def committed(self) -> int:
@@ -233,7 +230,7 @@ def propose(
     length asked of the engine (``Budget`` before drafting, ``Schedule`` after)."""
     copied = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else []
     confidence = state.copies.confidence([PRIOR] * len(copied))
-    drafting = state.drafts.confidence(state.survival.conditional(limit))
+    drafting = state.draft_confidence(limit)
     if copied and (schedule.lookup == "only" or prefers_copy(schedule, confidence, drafting)):
         budget = yield Budget(replace(schedule, draft_s=0.0), len(copied), tuple(prefix_survival(confidence)))
         length = (yield Schedule(schedule, confidence, budget)) if budget else 0
@@ -241,7 +238,9 @@ def propose(
         return replace(cut(copied, length, probs, constraint), copied=True)
     if schedule.lookup == "only":
         return Proposal([])
-    limit = yield Budget(schedule, limit, state.expected_draft(limit))
+    # None expected (optimistic) on a probe, so a request whose drafts stopped paying is tried again
+    expected = tuple(prefix_survival(drafting)) if state.survival.expected() else ()
+    limit = yield Budget(schedule, limit, expected)
     state.survival.drafted(limit)
     if not limit:  # the drafter is skipped, and its context catches up on the next round that drafts
         return Proposal([])

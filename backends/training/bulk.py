@@ -34,12 +34,10 @@ def bulk_answers(
     engine = engine_answers(backend, engine_batch)
 
     def answers(prompts: list[TrainingPrompt], todo: list[int]) -> Iterator[Distilled | None]:
-        constrained = [i for i in todo if grammar and _constrained(prompts[i])]
-        yield from engine(prompts, constrained)
+        to_engine = {i for i in todo if grammar and _constrained(prompts[i])}
+        yield from engine(prompts, [i for i in todo if i in to_engine])
         encoded = []
-        for i in todo:
-            if grammar and _constrained(prompts[i]):
-                continue
+        for i in (i for i in todo if i not in to_engine):
             try:
                 encoded.append((i, prompt_ids(backend.loaded, prompts[i].request)))
             except InvalidRequestError:
@@ -94,8 +92,8 @@ def _generate(
     stops = loaded.eos_ids | _special_stops(loaded.tokenizer, first.stop)
     for row, (index, tokens) in enumerate(batch):
         completion = out[row, width:].tolist()
-        ends = [k for k, token in enumerate(completion) if token in stops]
-        yield Distilled(index, prompts[index].source, tokens, completion[: ends[0]] if ends else completion)
+        end = next((k for k, token in enumerate(completion) if token in stops), len(completion))
+        yield Distilled(index, prompts[index].source, tokens, completion[:end])
 
 
 def _special_stops(tokenizer, stop: list[str]) -> frozenset[int]:

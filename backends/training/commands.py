@@ -39,36 +39,21 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     _common(every)
     _recipe(every)
     _trained(every)
-    every.add_argument("--num-heads", type=int, default=3)
-    every.add_argument("--heads-steps", type=int, default=1500)
-    every.add_argument("--positions", type=int, default=2048)
-    every.add_argument("--dspark-steps", type=int, default=3000)
+    _heads_options(every, "heads-")
     every.add_argument("--heads-seconds", type=float, help="the span heads' share of --max-seconds")
-    every.add_argument("--batch-size", type=int, default=8)
-    every.add_argument("--anchors", type=int, default=32)
-    every.add_argument("--draft-layers", type=int, default=2)
-    every.add_argument("--markov-rank", type=int, default=64)
+    _dspark_options(every, "dspark-")
     every.set_defaults(handler=_all)
 
     heads = stages.add_parser("heads", help="span heads on the cached last hidden states")
     _common(heads)
     _trained(heads)
-    heads.add_argument("--num-heads", type=int, default=3, help="K-1 heads for spans of up to K tokens")
-    heads.add_argument("--steps", type=int, default=1500)
-    heads.add_argument("--positions", type=int, default=2048, help="answer positions per step")
-    heads.add_argument("--lr", type=float, default=2e-3)
+    _heads_options(heads)
     heads.set_defaults(handler=_heads)
 
     dspark = stages.add_parser("dspark", help="the published drafter on the cached features")
     _common(dspark)
     _trained(dspark)
-    dspark.add_argument("--steps", type=int, default=3000)
-    dspark.add_argument("--batch-size", type=int, default=8, help="sequences per step")
-    dspark.add_argument("--anchors", type=int, default=32, help="blocks per sequence")
-    dspark.add_argument("--lr", type=float, default=6e-4)
-    dspark.add_argument("--draft-layers", type=int, default=2, help="backbone layers")
-    dspark.add_argument("--block-size", type=int, default=7, help="draft tokens per block (gamma)")
-    dspark.add_argument("--markov-rank", type=int, default=64)
+    _dspark_options(dspark)
     dspark.set_defaults(handler=_dspark)
 
     export = stages.add_parser("export", help="write a drafter in the whole published layout (vLLM, SGLang)")
@@ -76,6 +61,25 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--drafter", required=True, help="the drafter folder (config.json, model.safetensors)")
     export.add_argument("--output", required=True)
     export.set_defaults(handler=_export)
+
+
+def _heads_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The span heads' settings; ``prefix`` names the ones another stage shares (``train all``)."""
+    p.add_argument("--num-heads", type=int, default=3, help="K-1 heads for spans of up to K tokens")
+    p.add_argument(f"--{prefix}steps", type=int, default=1500)
+    p.add_argument("--positions", type=int, default=2048, help="answer positions per step")
+    p.add_argument(f"--{prefix}lr", type=float, default=2e-3)
+
+
+def _dspark_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
+    """The published drafter's settings; ``prefix`` as in :func:`_heads_options`."""
+    p.add_argument(f"--{prefix}steps", type=int, default=3000)
+    p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
+    p.add_argument("--anchors", type=int, default=32, help="blocks per sequence")
+    p.add_argument(f"--{prefix}lr", type=float, default=6e-4)
+    p.add_argument("--draft-layers", type=int, default=2, help="backbone layers")
+    p.add_argument("--block-size", type=int, default=7, help="draft tokens per block (gamma)")
+    p.add_argument("--markov-rank", type=int, default=64)
 
 
 def _recipe(p: argparse.ArgumentParser) -> None:
@@ -125,8 +129,8 @@ def _setup(args: argparse.Namespace):
 
 
 def _corpus(args: argparse.Namespace):
-    """The recipe's answered sequences and their answer tokens, with the model that answered them; a finished
-    corpus in ``--run`` is read as it is (another machine trains on what this one answered)."""
+    """The recipe's answered sequences, with the model that answered them; a finished corpus in ``--run`` is read
+    as it is (another machine trains on what this one answered)."""
     from backends.training.bulk import bulk_answers
     from backends.training.dataset import build_corpus, read_corpus
     from backends.training.distill import distillation_backend, engine_answers
@@ -197,28 +201,10 @@ def _all(args: argparse.Namespace) -> int:
     loaded, records = _corpus(args)
     _write_vocab(args, loaded, records)
     cache = build_feature_cache(loaded, records, _layer_ids(args, loaded), dtype=torch.bfloat16)
-    output = Path(args.output)
-    common = {"warmup": args.warmup, "checkpoint_every": args.checkpoint_every, "seed": args.seed}
-    heads_config = heads.HeadsTrainConfig(
-        output=output,
-        num_heads=args.num_heads,
-        steps=args.heads_steps,
-        positions=args.positions,
-        max_seconds=args.heads_seconds,
-        **common,
-    )
-    heads.run(loaded, cache, heads_config, _vocab(args))
-    drafter_config = drafter.DrafterTrainConfig(
-        output=output / DRAFTER_DIR,
-        steps=args.dspark_steps,
-        batch_size=args.batch_size,
-        anchors=args.anchors,
-        layers=args.draft_layers,
-        markov_rank=args.markov_rank,
-        max_seconds=args.max_seconds,
-        **common,
-    )
-    report = drafter.run(loaded, cache, drafter_config, _vocab(args))
+    vocab = _vocab(args)
+    heads.run(loaded, cache, _heads_config(args, Path(args.output), "heads-", args.heads_seconds), vocab)
+    drafter_config = _dspark_config(args, Path(args.output) / DRAFTER_DIR, "dspark-")
+    report = drafter.run(loaded, cache, drafter_config, vocab)
     print(json.dumps({k: v for k, v in asdict(report).items() if k != "curve"}, indent=2))
     return 0
 
@@ -242,32 +228,36 @@ def _train(args: argparse.Namespace, run: Callable, config: object) -> int:
     return 0
 
 
-def _heads(args: argparse.Namespace) -> int:
-    from backends.training.heads import HeadsTrainConfig, run
+def _heads_config(args: argparse.Namespace, output: Path, prefix: str = "", max_seconds: float | None = None):
+    """The span heads' training settings from the command line (``prefix``: as :func:`_heads_options` was given)."""
+    from backends.training.heads import HeadsTrainConfig
 
-    config = HeadsTrainConfig(
-        output=Path(args.output),
+    prefix = prefix.replace("-", "_")
+    return HeadsTrainConfig(
+        output=output,
         num_heads=args.num_heads,
-        steps=args.steps,
+        steps=getattr(args, f"{prefix}steps"),
         positions=args.positions,
-        lr=args.lr,
+        lr=getattr(args, f"{prefix}lr"),
         warmup=args.warmup,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
-        max_seconds=args.max_seconds,
+        max_seconds=max_seconds,
     )
-    return _train(args, run, config)
 
 
-def _dspark(args: argparse.Namespace) -> int:
-    from backends.training.drafter import DrafterTrainConfig, run
+def _dspark_config(args: argparse.Namespace, output: Path, prefix: str = ""):
+    """The published drafter's training settings from the command line (``prefix``: as :func:`_dspark_options` was
+    given)."""
+    from backends.training.drafter import DrafterTrainConfig
 
-    config = DrafterTrainConfig(
-        output=Path(args.output),
-        steps=args.steps,
+    prefix = prefix.replace("-", "_")
+    return DrafterTrainConfig(
+        output=output,
+        steps=getattr(args, f"{prefix}steps"),
         batch_size=args.batch_size,
         anchors=args.anchors,
-        lr=args.lr,
+        lr=getattr(args, f"{prefix}lr"),
         warmup=args.warmup,
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
@@ -276,7 +266,18 @@ def _dspark(args: argparse.Namespace) -> int:
         markov_rank=args.markov_rank,
         max_seconds=args.max_seconds,
     )
-    return _train(args, run, config)
+
+
+def _heads(args: argparse.Namespace) -> int:
+    from backends.training.heads import run
+
+    return _train(args, run, _heads_config(args, Path(args.output), max_seconds=args.max_seconds))
+
+
+def _dspark(args: argparse.Namespace) -> int:
+    from backends.training.drafter import run
+
+    return _train(args, run, _dspark_config(args, Path(args.output)))
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -79,9 +79,8 @@ class FeatureCache:
 
     def to(self, device: torch.device | str) -> FeatureCache:
         """The cache on ``device`` (training reads it where the drafter trains)."""
-        moved = {name: getattr(self, name).to(device) for name in ("tokens", "offsets", "prompt_lens")}
-        tensors = {name: getattr(self, name).to(device) for name in ("features", "final", "lse")}
-        return FeatureCache(**moved, **tensors, layer_ids=self.layer_ids)
+        names = ("tokens", "offsets", "prompt_lens", "features", "final", "lse")
+        return FeatureCache(**{name: getattr(self, name).to(device) for name in names}, layer_ids=self.layer_ids)
 
 
 @torch.inference_mode()
