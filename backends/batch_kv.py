@@ -21,6 +21,8 @@ A batch of one with no holes runs without a mask or position ids, exactly the so
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
@@ -145,7 +147,7 @@ class BatchedKV(BatchRows):
         out = self.base(input_ids=ids, cache=cache, use_cache=True, output_hidden_states=hidden_states)
         for row, (member, length) in enumerate(zip(members, counts)):
             self._join(member, cache, row, length)
-        return self._outputs(out, real, counts, hidden_states)
+        return [replace(o, logits=o.logits[-1:]) for o in self._outputs(out, real, counts, hidden_states)]
 
     def step(self, inputs: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
         """One forward pass over every row, row r fed ``inputs[r]`` (at least one token each); holes left by

@@ -35,7 +35,7 @@ class ForwardOut:
     hidden: torch.Tensor
     """[n, hidden]: the base model's last hidden state (after its final norm) at each of the n positions."""
     logits: torch.Tensor
-    """[n, V]."""
+    """[n, V]; after a prefill, [1, V]: the prompt's last position's, the only ones a decode loop reads."""
     hidden_states: tuple[torch.Tensor, ...] | None = None
     """Per layer (embedding output first) [1, n, hidden], when the Forward asked for them."""
 

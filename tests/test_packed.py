@@ -68,9 +68,9 @@ def test_both_instruction_sets_give_the_same_bits(served, monkeypatch):
         model = PackedLlama(DEFAULT_MODEL)
         if kernels == "avx512" and model.engine.kernels != "avx512":
             pytest.skip("this CPU has no AVX-512")
-        kv = PackedKV(served)
-        kv.model = model
-        logits[kernels] = kv.prefill([object()], [ids])[0].logits
+        tokens = torch.tensor(ids)
+        positions = torch.arange(len(ids))
+        _, logits[kernels], _ = model.forward(tokens, torch.zeros_like(tokens), positions, [model.new_cache(len(ids))])
     assert torch.equal(logits["avx2"], logits["avx512"])
 
 
@@ -102,6 +102,19 @@ def test_a_greedy_request_decodes_the_same_alone_and_among_15_others(backends):
         assert max(r.rows for r in records) == 16
 
 
+def test_served_drafters_read_the_lm_heads_gguf_blocks(served, backends):
+    """The published drafter's draft vocabulary is read from the GGUF's 8-bit rows of the LM head and its layers
+    from Q8_0 blocks: its logits stay within 2% of the float32 rows' (they only propose; verification is exact)."""
+    drafter = backends[1].drafter
+    assert drafter.vocab.packed is not None and not any(
+        isinstance(m, torch.nn.Linear) for m in drafter.layers.modules()
+    )
+    hidden = torch.randn(3, served.packed.shape.hidden, generator=torch.Generator().manual_seed(0))
+    packed = drafter.vocab.logits(hidden)
+    exact = torch.nn.functional.linear(hidden, drafter.vocab.weight)
+    assert ((packed - exact).norm(dim=-1) / exact.norm(dim=-1)).max() < 0.02
+
+
 def test_pools_on_one_model_share_one_packed_copy(served, backends):
     plain, dspark = backends
     assert plain.loaded.packed is dspark.loaded.packed is served.packed
@@ -110,10 +123,11 @@ def test_pools_on_one_model_share_one_packed_copy(served, backends):
 def test_a_cache_that_grows_keeps_every_position(served, monkeypatch):
     """A request's cache doubles when a forward would run past it; what it held comes along exactly."""
     ids = _ids(served, PROMPTS[0])
-    roomy = PackedKV(served)
-    expected = roomy.prefill([object()], [ids])[0].logits
+    roomy, row = PackedKV(served), object()
+    expected = [roomy.prefill([row], [ids[:4]])[0].logits]
+    expected += [roomy.step([[token]])[0].logits for token in ids[4:]]
     monkeypatch.setattr("backends.packed.kv.FIRST_ROOM", 1)
     tight, row = PackedKV(served), object()
     logits = [tight.prefill([row], [ids[:4]])[0].logits]
     logits += [tight.step([[token]])[0].logits for token in ids[4:]]
-    assert tight.caches[0][1].shape[2] > 16 and torch.equal(torch.cat(logits), expected)  # it grew from 16
+    assert tight.caches[0][1].shape[2] > 16 and torch.equal(torch.cat(logits), torch.cat(expected))  # it grew from 16

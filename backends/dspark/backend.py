@@ -106,6 +106,11 @@ class DSparkBackend(LocalBackend):
             published, schedule = None, None
             if default == "dspark" or carried["dspark"]:
                 published = load_drafter(loaded, published_dir)
+            if loaded.packed is not None:
+                for serving in (model.heads if model else None, published):
+                    if serving is not None:
+                        serving.serve_from(loaded.packed)
+            if published is not None:
                 rows = (limits or BatchLimits()).max_batch
                 sps = load_or_profile(drafters, loaded, rows * (published.block_size + 1))
                 draft_s = measure_round(loaded, published).draft_s

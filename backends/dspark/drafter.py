@@ -29,6 +29,8 @@ from transformers import PreTrainedModel
 from backends.dspark.drafter_config import WEIGHTS_FILE, DrafterConfig
 from backends.dspark.vocab import DraftVocab
 from backends.errors import ModelLoadError
+from backends.packed.linear import PackedLinear, pack_linears
+from backends.packed.model import PackedLlama
 
 SHARED_WEIGHTS = ("embed_tokens.weight", "lm_head.weight")
 DRAFT_VOCAB = "draft_vocab"
@@ -200,6 +202,14 @@ class DSparkDrafter(nn.Module):
         self.shared = (embed_tokens, lm_head)
         self.vocab = DraftVocab(lm_head, None)
 
+    def serve_from(self, packed: PackedLlama) -> None:
+        """Serve from 8-bit blocks on the packed engine: the draft vocabulary's LM-head rows as the GGUF has them,
+        the layers and the context projection rounded to Q8_0 (:mod:`backends.packed.linear`). A round then reads
+        a quarter of the bytes; serving only, since training needs the float32 weights."""
+        self.vocab.serve_from(packed)
+        pack_linears(self.layers)
+        self.fc = PackedLinear.quantized(self.fc)
+
     def bind_vocab(self) -> DSparkDrafter:
         """Take the draft vocabulary's LM-head rows from the target, where both now live (after ``to``, a load,
         or setting ``draft_vocab``)."""
@@ -245,11 +255,11 @@ class DSparkDrafter(nn.Module):
         return self.config.block_size
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return rotary(positions, self.config.head_dim, self.config.rope_theta, self.fc.weight.dtype)
+        return rotary(positions, self.config.head_dim, self.config.rope_theta, self.norm.weight.dtype)
 
     def context_keys_values(self, features: torch.Tensor, positions: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
         """Each layer's keys and values for target ``features`` [B, T, context_width] at ``positions`` [B, T]."""
-        context = self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        context = self.hidden_norm(self.fc(features.to(self.norm.weight.dtype)))
         rope = self._rope(positions)
         return [layer.self_attn.keys_values(context, rope) for layer in self.layers]
 
@@ -270,7 +280,7 @@ class DSparkDrafter(nn.Module):
         """Hidden states [B, L, H] of block inputs ``block_ids`` [B, L] at ``positions`` [B, L] attending to
         ``context`` (per layer) and to the block; ``mask`` [B, 1, L, T + L] (True: may attend) only in training,
         where many blocks of one sequence share a pass."""
-        x = self.shared[0](block_ids).to(self.fc.weight.dtype)
+        x = self.shared[0](block_ids).to(self.norm.weight.dtype)
         rope = self._rope(positions)
         for layer, layer_context in zip(self.layers, context):
             x = layer(x, rope, layer_context, mask)
@@ -278,7 +288,7 @@ class DSparkDrafter(nn.Module):
 
     def draft_hidden(self, cache: ContextCache, anchor: int) -> torch.Tensor:
         """One decoding round's backbone pass: the block after ``anchor``, which sits at position cache.length."""
-        device = self.fc.weight.device
+        device = self.norm.weight.device
         ids = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
         ids[0, 0] = anchor
         positions = torch.arange(cache.length, cache.length + self.block_size, device=device)[None]

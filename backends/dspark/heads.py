@@ -21,6 +21,7 @@ from torch import nn
 
 from backends.dspark.vocab import DraftVocab
 from backends.errors import ModelLoadError
+from backends.packed.model import PackedLlama
 
 CONFIG_FILE = "dspark_config.json"
 WEIGHTS_FILE = "dspark_heads.safetensors"
@@ -66,6 +67,10 @@ class SpanHeads(nn.Module):
         if config.draft_vocab_size:
             self.register_buffer("draft_vocab", torch.arange(config.draft_vocab_size))
         self.vocab: DraftVocab | None = None
+
+    def serve_from(self, packed: PackedLlama) -> None:
+        """Draft logits from the LM head's GGUF blocks on the packed engine (serving only)."""
+        self.vocab.serve_from(packed)
 
     def bind_vocab(self, lm_head: nn.Module) -> SpanHeads:
         """Take the draft vocabulary's rows from the target's LM head (once both are where they will run)."""

@@ -8,7 +8,8 @@ are widened to the whole vocabulary with zeros elsewhere. Verification is unchan
 the drafter cannot propose has draft probability 0, which speculative sampling's residual max(0, p - q) covers.
 
 The subset is the drafter's own (``draft_vocab`` in its weights); the rows are taken from the target at load,
-never stored again.
+never stored again. Where the target is served from its GGUF blocks, a serving drafter reads those rows in the
+GGUF's own 8-bit blocks (:meth:`DraftVocab.serve_from`): a quarter of the float32 copy's bytes, read every round.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from backends.packed.linear import PackedLinear
+from backends.packed.model import PackedLlama
+
 
 class DraftVocab:
     def __init__(self, lm_head: nn.Module, ids: torch.Tensor | None) -> None:
@@ -24,6 +28,12 @@ class DraftVocab:
         self.full_size = lm_head.weight.shape[0]
         self.ids = ids
         self.weight = None if ids is None else lm_head.weight.detach()[ids].contiguous()
+        self.packed: PackedLinear | None = None
+
+    def serve_from(self, packed: PackedLlama) -> None:
+        """Compute logits from the packed engine's blocks of these rows from now on (serving only: training needs
+        the float32 rows' gradients)."""
+        self.packed = packed.head_rows(self.ids)
 
     @property
     def size(self) -> int:
@@ -31,6 +41,8 @@ class DraftVocab:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., size] logits over the draft vocabulary."""
+        if self.packed is not None:
+            return self.packed(hidden)
         return self.lm_head(hidden) if self.weight is None else F.linear(hidden, self.weight)
 
     def target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:

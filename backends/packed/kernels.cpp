@@ -1,7 +1,8 @@
 // The packed engine: a Llama-family decoder run straight from a GGUF's quantised blocks (Q4_1, Q8_0, F32), read
-// once per forward for every token in it, in float32 arithmetic whose every output is batch-invariant
-// (kernels_impl.h). One call runs the whole forward: embedding, every layer, final norm and LM head, with the GIL
-// released, so Python pays one dispatch per forward, not one per operation.
+// once per forward for every token in it, with activations rounded to int8 per block of 32 as llama.cpp does
+// (exact integer dot products, one float32 scaling per block), every output batch-invariant (kernels_impl.h). One
+// call runs the whole forward: embedding, every layer, final norm and LM head, with the GIL released, so Python
+// pays one dispatch per forward, not one per operation.
 //
 // Each sequence owns its KV cache, [layers, kv_heads, capacity, head_dim]; a token is written at its position
 // and attends to positions 0..pos of its own sequence. So a ragged batch needs no padding and no mask, and a
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +30,46 @@ constexpr int64_t PREFETCH_ROWS = 4;
 constexpr int64_t MAX_HEAD_DIM = 256;
 
 constexpr int64_t block_bytes(int fmt) { return fmt == FMT_Q4_1 ? 20 : fmt == FMT_Q8_0 ? 34 : 128; }
+
+// Quantised matrices are multiplied from tiles (weights.py, tiled()): 16 weight rows interleaved, so each vector
+// lane is one output row and no horizontal sum is needed. Per tile and block of 32 columns, Q4_1 holds four
+// 64-byte groups (group g, lane j: bytes 4g..4g+3 of row j's 16 nibble bytes, so low nibbles are columns
+// 4g..4g+3 and high nibbles 16 + 4g..), then 16 fp16 d and 16 fp16 m; Q8_0 holds eight 64-byte groups
+// (group g, lane j: row j's columns 4g..4g+3), 16 fp16 d and each row's sum of q as int16.
+constexpr int64_t TILE = 16;
+constexpr int64_t Q4_TILE_BYTES = 320, Q4_SCALES = 256, Q4_MINS = 288;
+constexpr int64_t Q8_TILE_BYTES = 576, Q8_SCALES = 512, Q8_SUMS = 544;
+
+// x [T, K] rounded to int8 per block of 32 as llama.cpp's Q8_1 does (x ~ d q, |q| <= 127, and s = d sum(q)), so
+// a product with 4-bit or 8-bit weights is exact integer arithmetic followed by one scaling per block. Each row's
+// rounding depends on that row alone.
+struct QuantizedRows {
+    std::vector<int8_t> q;
+    std::vector<float> d, s;
+};
+
+void quantize_rows(const float* x, int64_t T, int64_t K, QuantizedRows& out) {
+    const int64_t blocks = K / QK;
+    out.q.resize(T * K);
+    out.d.resize(T * blocks);
+    out.s.resize(T * blocks);
+    at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+        for (int64_t i = t0 * blocks; i < t1 * blocks; ++i) {
+            const float* xb = x + i * QK;
+            float amax = 0.0f;
+            for (int64_t j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
+            const float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
+            int32_t sum = 0;
+            for (int64_t j = 0; j < QK; ++j) {
+                const int32_t q = static_cast<int32_t>(std::nearbyint(xb[j] * inverse));
+                out.q[i * QK + j] = static_cast<int8_t>(q);
+                sum += q;
+            }
+            out.d[i] = d;
+            out.s[i] = d * static_cast<float>(sum);
+        }
+    });
+}
 
 inline float hsum8(__m256 s) {
     __m128 a = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
@@ -57,12 +99,78 @@ inline V i8_to_v(__m128i b) {
     return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))};
 }
 inline float hsum(V a) { return hsum8(_mm256_add_ps(a.lo, a.hi)); }
+inline V vsub(V a, V b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
+inline V vdiv(V a, V b) { return {_mm256_div_ps(a.lo, b.lo), _mm256_div_ps(a.hi, b.hi)}; }
+inline V vmin(V a, V b) { return {_mm256_min_ps(a.lo, b.lo), _mm256_min_ps(a.hi, b.hi)}; }
+inline V vmax(V a, V b) { return {_mm256_max_ps(a.lo, b.lo), _mm256_max_ps(a.hi, b.hi)}; }
+inline V vround(V a) {
+    constexpr int mode = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    return {_mm256_round_ps(a.lo, mode), _mm256_round_ps(a.hi, mode)};
+}
+inline __m256 pow2_8(__m256 n) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+inline V vpow2(V n) { return {pow2_8(n.lo), pow2_8(n.hi)}; }
+inline V half_to_v(const uint8_t* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16)))};
+}
+
+// 16 int32 lanes, and 64 bytes as 16 lanes of 4 (lanes 0-7 in lo, 8-15 in hi).
+struct VI {
+    __m256i lo, hi;
+};
+using VB = VI;
+inline VI vi_zero() { return {_mm256_setzero_si256(), _mm256_setzero_si256()}; }
+inline VI vi_add(VI a, VI b) { return {_mm256_add_epi32(a.lo, b.lo), _mm256_add_epi32(a.hi, b.hi)}; }
+inline V vi_to_v(VI a) { return {_mm256_cvtepi32_ps(a.lo), _mm256_cvtepi32_ps(a.hi)}; }
+inline VB bload(const uint8_t* p) {
+    return {_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 32))};
+}
+inline VB nib_lo(VB b) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    return {_mm256_and_si256(b.lo, m), _mm256_and_si256(b.hi, m)};
+}
+inline VB nib_hi(VB b) {
+    const __m256i m = _mm256_set1_epi8(0x0F);
+    return {_mm256_and_si256(_mm256_srli_epi16(b.lo, 4), m), _mm256_and_si256(_mm256_srli_epi16(b.hi, 4), m)};
+}
+inline __m256i madd4(__m256i u, __m256i s) {
+    // u8 x s8 pairs summed to int16 (at most 2 * 255 * 127, or 2 * 128 * 127 here: no saturation), then to int32.
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+// acc + the sum of each lane's 4 unsigned bytes times x's 4 signed bytes.
+inline VI dot_u8s8(VI acc, VB u, int32_t x4) {
+    const __m256i x = _mm256_set1_epi32(x4);
+    return {_mm256_add_epi32(acc.lo, madd4(u.lo, x)), _mm256_add_epi32(acc.hi, madd4(u.hi, x))};
+}
+// Q8_0: both signed, so |w| times x with w's sign (llama.cpp's trick for CPUs without VNNI).
+struct Q8Block {
+    VB w[8];
+    VB corr;  // unused here
+};
+inline Q8Block load_q8(const uint8_t* tile) {
+    Q8Block b;
+    for (int g = 0; g < 8; ++g) b.w[g] = bload(tile + 64 * g);
+    return b;
+}
+inline VI dot_q8(const Q8Block& b, const int32_t* x) {
+    VI acc = vi_zero();
+    for (int g = 0; g < 8; ++g) {
+        const __m256i xg = _mm256_set1_epi32(x[g]);
+        acc = {_mm256_add_epi32(acc.lo, madd4(_mm256_abs_epi8(b.w[g].lo), _mm256_sign_epi8(xg, b.w[g].lo))),
+               _mm256_add_epi32(acc.hi, madd4(_mm256_abs_epi8(b.w[g].hi), _mm256_sign_epi8(xg, b.w[g].hi)))};
+    }
+    return acc;
+}
 constexpr int ROWS = 2;
+constexpr int QROWS = 4;
 #include "kernels_impl.h"
 }  // namespace avx2
 
 #pragma GCC push_options
-#pragma GCC target("avx512f")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni")
 namespace avx512 {
 struct V {
     __m512 v;
@@ -81,16 +189,62 @@ inline float hsum(V a) {
     const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a.v), 1));
     return hsum8(_mm256_add_ps(lo, hi));
 }
+inline V vsub(V a, V b) { return {_mm512_sub_ps(a.v, b.v)}; }
+inline V vdiv(V a, V b) { return {_mm512_div_ps(a.v, b.v)}; }
+inline V vmin(V a, V b) { return {_mm512_min_ps(a.v, b.v)}; }
+inline V vmax(V a, V b) { return {_mm512_max_ps(a.v, b.v)}; }
+inline V vround(V a) { return {_mm512_roundscale_ps(a.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)}; }
+inline V vpow2(V n) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n.v), _mm512_set1_epi32(127)), 23))};
+}
+inline V half_to_v(const uint8_t* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+}
+
+struct VI {
+    __m512i v;
+};
+using VB = VI;
+inline VI vi_zero() { return {_mm512_setzero_si512()}; }
+inline VI vi_add(VI a, VI b) { return {_mm512_add_epi32(a.v, b.v)}; }
+inline V vi_to_v(VI a) { return {_mm512_cvtepi32_ps(a.v)}; }
+inline VB bload(const uint8_t* p) { return {_mm512_loadu_si512(p)}; }
+inline VB nib_lo(VB b) { return {_mm512_and_si512(b.v, _mm512_set1_epi8(0x0F))}; }
+inline VB nib_hi(VB b) { return {_mm512_and_si512(_mm512_srli_epi16(b.v, 4), _mm512_set1_epi8(0x0F))}; }
+inline VI dot_u8s8(VI acc, VB u, int32_t x4) { return {_mm512_dpbusd_epi32(acc.v, u.v, _mm512_set1_epi32(x4))}; }
+// Q8_0 with VNNI: (x + 128) is unsigned, so sum (x + 128) w = sum x w + 128 sum w, and 128 sum w is stored.
+struct Q8Block {
+    VB w[8];
+    VI corr;
+};
+inline Q8Block load_q8(const uint8_t* tile) {
+    Q8Block b;
+    for (int g = 0; g < 8; ++g) b.w[g] = bload(tile + 64 * g);
+    const __m256i sums = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(tile + Q8_SUMS));
+    b.corr = {_mm512_slli_epi32(_mm512_cvtepi16_epi32(sums), 7)};
+    return b;
+}
+inline VI dot_q8(const Q8Block& b, const int32_t* x) {
+    __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+    for (int g = 0; g < 8; g += 2) {
+        even = _mm512_dpbusd_epi32(even, _mm512_set1_epi32(x[g] ^ 0x80808080), b.w[g].v);
+        odd = _mm512_dpbusd_epi32(odd, _mm512_set1_epi32(x[g + 1] ^ 0x80808080), b.w[g + 1].v);
+    }
+    return {_mm512_sub_epi32(_mm512_add_epi32(even, odd), b.corr.v)};
+}
 constexpr int ROWS = 8;
+constexpr int QROWS = 8;
 #include "kernels_impl.h"
 }  // namespace avx512
 #pragma GCC pop_options
 
 struct Kernels {
     std::string name;
-    void (*gemm)(const float*, int64_t, int64_t, const uint8_t*, int64_t, int, float*);
+    void (*gemm_f32)(const float*, int64_t, int64_t, const float*, int64_t, float*);
+    void (*qgemm)(const QuantizedRows&, int64_t, int64_t, const uint8_t*, int64_t, int, float*, int64_t);
     void (*dequant_row)(const uint8_t*, int64_t, int, float*);
     void (*rms_norm)(const float*, int64_t, int64_t, const float*, float, float*);
+    void (*silu_mul)(const float*, int64_t, int64_t, float*);
     void (*attention)(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*, const int64_t*,
                       const std::vector<float*>&, const std::vector<float*>&, const std::vector<int64_t>&, int64_t,
                       float*);
@@ -98,11 +252,14 @@ struct Kernels {
 
 Kernels pick_kernels() {
     const char* forced = std::getenv("DSPARK_KERNELS");
-    const bool avx512 = forced ? std::string(forced) == "avx512" : __builtin_cpu_supports("avx512f");
+    const bool avx512 = forced ? std::string(forced) == "avx512"
+                               : __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
     if (avx512) {
-        return {"avx512", avx512::gemm, avx512::dequant_row, avx512::rms_norm, avx512::attention};
+        return {"avx512", avx512::gemm_f32, avx512::qgemm, avx512::dequant_row, avx512::rms_norm, avx512::silu_mul,
+                avx512::attention};
     }
-    return {"avx2", avx2::gemm, avx2::dequant_row, avx2::rms_norm, avx2::attention};
+    return {"avx2", avx2::gemm_f32, avx2::qgemm, avx2::dequant_row, avx2::rms_norm, avx2::silu_mul, avx2::attention};
 }
 
 const uint8_t* bytes_of(const at::Tensor& t) { return static_cast<const uint8_t*>(t.data_ptr()); }
@@ -110,32 +267,86 @@ const uint8_t* bytes_of(const at::Tensor& t) { return static_cast<const uint8_t*
 }  // namespace
 
 struct Matrix {
-    at::Tensor data;  // uint8 [rows, row bytes] as GGUF stores it (F32 as its raw bytes)
+    at::Tensor data;  // uint8: Q4_1 and Q8_0 as tiles [tiles, tile bytes], F32 as its raw rows; the embedding as
+                      // GGUF stores it, one row a token
     int fmt;
     int64_t rows, cols;
+};
+
+// y[T, rows] = x[T, cols] @ W^T: float32 matrices as they are, quantised ones from their tiles after x is rounded
+// to int8 (a last tile's padding rows are computed into a scratch row and dropped).
+void multiply(const Kernels& kernels, const Matrix& m, const float* x, int64_t T, float* y, QuantizedRows& scratch) {
+    if (m.fmt == FMT_F32) {
+        kernels.gemm_f32(x, T, m.cols, reinterpret_cast<const float*>(m.data.data_ptr()), m.rows, y);
+        return;
+    }
+    quantize_rows(x, T, m.cols, scratch);
+    const int64_t tiles = m.data.size(0);
+    if (tiles * TILE == m.rows) {
+        kernels.qgemm(scratch, T, m.cols, bytes_of(m.data), tiles, m.fmt, y, m.rows);
+        return;
+    }
+    std::vector<float> padded(T * tiles * TILE);
+    kernels.qgemm(scratch, T, m.cols, bytes_of(m.data), tiles, m.fmt, padded.data(), tiles * TILE);
+    for (int64_t t = 0; t < T; ++t) std::memcpy(y + t * m.rows, padded.data() + t * tiles * TILE, m.rows * 4);
+}
+
+// A weight matrix as the kernels take it: Q4_1 and Q8_0 in tiles (weights.py), F32 as its raw rows, or (tiled
+// false: the embedding, only looked up) as GGUF stores it.
+Matrix checked_matrix(at::Tensor data, int fmt, int64_t rows, int64_t cols, bool tiled, const std::string& name) {
+    TORCH_CHECK(fmt == FMT_F32 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0, "unsupported block format ", fmt);
+    tiled = tiled && fmt != FMT_F32;
+    const int64_t height = tiled ? (rows + TILE - 1) / TILE : rows;
+    const int64_t width =
+        tiled ? cols / QK * (fmt == FMT_Q4_1 ? Q4_TILE_BYTES : Q8_TILE_BYTES) : cols / QK * block_bytes(fmt);
+    TORCH_CHECK(cols % QK == 0 && data.dtype() == at::kByte && data.is_contiguous() && data.dim() == 2 &&
+                    data.size(0) == height && data.size(1) == width,
+                name, " is not ", rows, " rows of ", cols, " columns of format ", fmt);
+    return {data, fmt, rows, cols};
+}
+
+at::Tensor matmul_of(const Kernels& kernels, const Matrix& m, at::Tensor x) {
+    TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous() && x.dim() == 2 && x.size(1) == m.cols,
+                "x must be contiguous float32 [T, ", m.cols, "]");
+    at::Tensor y = at::empty({x.size(0), m.rows}, x.options());
+    pybind11::gil_scoped_release no_gil;
+    QuantizedRows scratch;
+    multiply(kernels, m, x.data_ptr<float>(), x.size(0), y.data_ptr<float>(), scratch);
+    return y;
+}
+
+// One matrix on its own (a drafter's rows of the LM head): its product with float32 activations.
+class PackedMatrix {
+   public:
+    PackedMatrix(at::Tensor data, int64_t fmt, int64_t rows, int64_t cols)
+        : m_(checked_matrix(data, static_cast<int>(fmt), rows, cols, true, "the matrix")), kernels_(pick_kernels()) {}
+
+    at::Tensor matmul(at::Tensor x) const { return matmul_of(kernels_, m_, x); }
+
+   private:
+    Matrix m_;
+    Kernels kernels_;
 };
 
 class PackedModel {
    public:
     PackedModel(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t ffn, double eps,
-                std::vector<at::Tensor> matrices, std::vector<int64_t> formats, std::vector<at::Tensor> norms,
-                at::Tensor cos, at::Tensor sin)
+                std::vector<at::Tensor> matrices, std::vector<int64_t> formats, std::vector<int64_t> rows,
+                std::vector<at::Tensor> norms, at::Tensor cos, at::Tensor sin)
         : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), ffn_(ffn), eps_(eps), cos_(cos),
           sin_(sin), kernels_(pick_kernels()) {
-        // matrices: embedding, LM head, then per layer qkv (rows q, k, v), output, gate_up (rows gate, up), down.
-        // norms: final norm, then per layer attention and feed-forward norms.
-        TORCH_CHECK(matrices.size() == formats.size() && (matrices.size() - 2) % 4 == 0, "4 matrices a layer");
+        // matrices: embedding, LM head, then per layer qkv (rows q, k, v), output, gate_up (rows gate, up), down;
+        // rows: each one's output rows. norms: final norm, then per layer attention and feed-forward norms.
+        TORCH_CHECK(matrices.size() == formats.size() && matrices.size() == rows.size() &&
+                        (matrices.size() - 2) % 4 == 0,
+                    "4 matrices a layer");
         TORCH_CHECK(head_dim % 16 == 0 && head_dim <= MAX_HEAD_DIM && hidden % QK == 0 && ffn % QK == 0,
                     "head_dim must be a multiple of 16 up to 256, hidden and ffn multiples of 32");
         const int64_t cols[4] = {hidden, heads * head_dim, hidden, ffn};
         for (size_t i = 0; i < matrices.size(); ++i) {
-            const int fmt = static_cast<int>(formats[i]);
-            TORCH_CHECK(fmt == FMT_F32 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0, "unsupported block format ", fmt);
             const int64_t k = i < 2 ? hidden : cols[(i - 2) % 4];
-            TORCH_CHECK(matrices[i].dtype() == at::kByte && matrices[i].is_contiguous() &&
-                            matrices[i].size(1) == k / QK * block_bytes(fmt),
-                        "matrix ", i, " is not ", k, " columns of format ", fmt);
-            matrices_.push_back({matrices[i], fmt, matrices[i].size(0), k});
+            matrices_.push_back(checked_matrix(matrices[i], static_cast<int>(formats[i]), rows[i], k, i > 0,
+                                               "matrix " + std::to_string(i)));
         }
         layers_ = (static_cast<int64_t>(matrices.size()) - 2) / 4;
         norms_ = norms;
@@ -144,10 +355,12 @@ class PackedModel {
     std::string kernels() const { return kernels_.name; }
 
     // tokens, seq, pos: [T] int64; keys/values: one cache per sequence. Returns the final normed hidden states
-    // [T, hidden], the logits [T, vocab] and every layer's input plus the normed output
-    // [layers + 1, T, hidden] (when asked), in HF's hidden_states order.
+    // [T, hidden], the logits [T, vocab] (or of the tokens logit_rows names: a prefill needs only each prompt's
+    // last) and every layer's input plus the normed output [layers + 1, T, hidden] (when asked), in HF's
+    // hidden_states order.
     std::vector<at::Tensor> forward(at::Tensor tokens, at::Tensor seq, at::Tensor pos, std::vector<at::Tensor> keys,
-                                    std::vector<at::Tensor> values, bool want_states) {
+                                    std::vector<at::Tensor> values, bool want_states,
+                                    std::optional<at::Tensor> logit_rows) {
         TORCH_CHECK(tokens.dtype() == at::kLong && seq.dtype() == at::kLong && pos.dtype() == at::kLong);
         const int64_t T = tokens.size(0), qkv_width = (heads_ + 2 * kv_heads_) * dim_;
         const auto f32 = at::TensorOptions().dtype(at::kFloat);
@@ -156,7 +369,13 @@ class PackedModel {
         at::Tensor proj = at::empty({T, hidden_}, f32), gate_up = at::empty({T, 2 * ffn_}, f32);
         at::Tensor act = at::empty({T, ffn_}, f32);
         at::Tensor states = want_states ? at::empty({layers_ + 1, T, hidden_}, f32) : at::Tensor();
-        at::Tensor logits = at::empty({T, matrices_[1].rows}, f32);
+        const int64_t* picked = logit_rows ? logit_rows->data_ptr<int64_t>() : nullptr;
+        const int64_t L = logit_rows ? logit_rows->size(0) : T;
+        if (picked) {
+            TORCH_CHECK(logit_rows->dtype() == at::kLong && logit_rows->is_contiguous());
+            for (int64_t i = 0; i < L; ++i) TORCH_CHECK(picked[i] >= 0 && picked[i] < T, "logit row out of range");
+        }
+        at::Tensor logits = at::empty({L, matrices_[1].rows}, f32);
         std::vector<float*> key_ptrs, value_ptrs;
         std::vector<int64_t> caps;
         for (size_t s = 0; s < keys.size(); ++s) {
@@ -176,6 +395,7 @@ class PackedModel {
         {
             pybind11::gil_scoped_release no_gil;
             const Kernels& k = kernels_;
+            QuantizedRows scratch;
             float* xp = x.data_ptr<float>();
             float* hp = h.data_ptr<float>();
             float* qp = qkv.data_ptr<float>();
@@ -187,36 +407,37 @@ class PackedModel {
                 const Matrix* m = &matrices_[2 + 4 * l];
                 if (want_states) std::memcpy(states[l].data_ptr<float>(), xp, T * hidden_ * sizeof(float));
                 k.rms_norm(xp, T, hidden_, norms_[1 + 2 * l].data_ptr<float>(), eps_, hp);
-                k.gemm(hp, T, hidden_, bytes_of(m[0].data), m[0].rows, m[0].fmt, qp);
+                multiply(k, m[0], hp, T, qp, scratch);
                 rope_and_store(qp, T, sq, ps, l, key_ptrs, value_ptrs, caps);
                 k.attention(qp, qkv_width, T, heads_, kv_heads_, dim_, sq, ps, key_ptrs, value_ptrs, caps, l,
                             att.data_ptr<float>());
-                k.gemm(att.data_ptr<float>(), T, heads_ * dim_, bytes_of(m[1].data), m[1].rows, m[1].fmt,
-                       proj.data_ptr<float>());
+                multiply(k, m[1], att.data_ptr<float>(), T, proj.data_ptr<float>(), scratch);
                 add_into(xp, proj.data_ptr<float>(), T * hidden_);
                 k.rms_norm(xp, T, hidden_, norms_[2 + 2 * l].data_ptr<float>(), eps_, hp);
-                k.gemm(hp, T, hidden_, bytes_of(m[2].data), m[2].rows, m[2].fmt, gate_up.data_ptr<float>());
-                silu_mul(gate_up.data_ptr<float>(), T, act.data_ptr<float>());
-                k.gemm(act.data_ptr<float>(), T, ffn_, bytes_of(m[3].data), m[3].rows, m[3].fmt,
-                       proj.data_ptr<float>());
+                multiply(k, m[2], hp, T, gate_up.data_ptr<float>(), scratch);
+                k.silu_mul(gate_up.data_ptr<float>(), T, ffn_, act.data_ptr<float>());
+                multiply(k, m[3], act.data_ptr<float>(), T, proj.data_ptr<float>(), scratch);
                 add_into(xp, proj.data_ptr<float>(), T * hidden_);
             }
             k.rms_norm(xp, T, hidden_, norms_[0].data_ptr<float>(), eps_, hp);
             if (want_states) std::memcpy(states[layers_].data_ptr<float>(), hp, T * hidden_ * sizeof(float));
-            const Matrix& head = matrices_[1];
-            k.gemm(hp, T, hidden_, bytes_of(head.data), head.rows, head.fmt, logits.data_ptr<float>());
+            const float* head_in = hp;
+            std::vector<float> rows;
+            if (picked) {
+                rows.resize(L * hidden_);
+                for (int64_t i = 0; i < L; ++i) std::memcpy(&rows[i * hidden_], hp + picked[i] * hidden_, hidden_ * 4);
+                head_in = rows.data();
+            }
+            multiply(k, matrices_[1], head_in, L, logits.data_ptr<float>(), scratch);
         }
         return {h, logits, want_states ? states : at::Tensor()};
     }
 
-    // Every weight matrix's product with x [T, cols] (tests and the weight-read benchmark).
+    // A weight matrix's product with x [T, cols] (tests and the weight-read benchmark); the embedding (index 0)
+    // is only looked up.
     at::Tensor matmul(int64_t index, at::Tensor x) {
-        const Matrix& m = matrices_.at(index);
-        TORCH_CHECK(x.dtype() == at::kFloat && x.is_contiguous() && x.dim() == 2 && x.size(1) == m.cols);
-        at::Tensor y = at::empty({x.size(0), m.rows}, x.options());
-        pybind11::gil_scoped_release no_gil;
-        kernels_.gemm(x.data_ptr<float>(), x.size(0), m.cols, bytes_of(m.data), m.rows, m.fmt, y.data_ptr<float>());
-        return y;
+        TORCH_CHECK(index > 0, "the embedding is looked up, not multiplied");
+        return matmul_of(kernels_, matrices_.at(index), x);
     }
 
    private:
@@ -246,14 +467,6 @@ class PackedModel {
         }
     }
 
-    void silu_mul(const float* gate_up, int64_t T, float* out) const {
-        for (int64_t t = 0; t < T; ++t) {
-            const float* g = gate_up + t * 2 * ffn_;
-            const float* u = g + ffn_;
-            for (int64_t i = 0; i < ffn_; ++i) out[t * ffn_ + i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
-        }
-    }
-
     static void add_into(float* x, const float* y, int64_t n) {
         for (int64_t i = 0; i < n; ++i) x[i] += y[i];
     }
@@ -267,10 +480,16 @@ class PackedModel {
 };
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    pybind11::class_<PackedMatrix>(m, "PackedMatrix")
+        .def(pybind11::init<at::Tensor, int64_t, int64_t, int64_t>())
+        .def("matmul", &PackedMatrix::matmul);
     pybind11::class_<PackedModel>(m, "PackedModel")
         .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, std::vector<at::Tensor>,
-                            std::vector<int64_t>, std::vector<at::Tensor>, at::Tensor, at::Tensor>())
-        .def("forward", &PackedModel::forward)
+                            std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>, at::Tensor,
+                            at::Tensor>())
+        .def("forward", &PackedModel::forward, pybind11::arg("tokens"), pybind11::arg("seq"), pybind11::arg("pos"),
+             pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("want_states"),
+             pybind11::arg("logit_rows") = std::nullopt)
         .def("matmul", &PackedModel::matmul)
         .def_property_readonly("kernels", &PackedModel::kernels);
 }

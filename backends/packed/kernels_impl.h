@@ -1,6 +1,7 @@
-// The packed engine's arithmetic, written once over a 16-lane float vector V: kernels.cpp includes this file twice,
-// once with V as one AVX-512 register and once as two AVX2 registers. Each lane does the same fused multiply-adds
-// in the same order either way, and hsum adds the lanes in one fixed tree, so both builds give the same bits.
+// The packed engine's arithmetic, written once over a 16-lane vector: kernels.cpp includes this file twice, once
+// with V (16 floats) and VI (16 int32) as one AVX-512 register each and once as two AVX2 registers. Each lane
+// does the same operations in the same order either way, and hsum adds the lanes in one fixed tree, so both builds
+// give the same bits.
 //
 // Batch invariance is the point of every loop here: an output element is one fixed sequence of operations over
 // its own row's inputs, whatever the number of rows in the call, the rows' grouping into register tiles, or the
@@ -31,25 +32,13 @@ inline void dequant_f32(const uint8_t* block, V& w0, V& w1) {
     w1 = vload(values + 16);
 }
 
-template <int FMT>
-inline void dequant(const uint8_t* block, V& w0, V& w1) {
-    if constexpr (FMT == FMT_Q4_1) {
-        dequant_q4_1(block, w0, w1);
-    } else if constexpr (FMT == FMT_Q8_0) {
-        dequant_q8_0(block, w0, w1);
-    } else {
-        dequant_f32(block, w0, w1);
-    }
-}
-
-// R rows of x against one weight row: each block of 32 weights is dequantised once and used by all R rows.
-template <int R, int FMT>
-inline void dot_rows(const float* x, int64_t ldx, const uint8_t* w, int64_t blocks, float* y, int64_t ldy) {
+// R rows of x against one float32 weight row.
+template <int R>
+inline void dot_rows(const float* x, int64_t ldx, const float* w, int64_t blocks, float* y, int64_t ldy) {
     V a0[R], a1[R];
     for (int r = 0; r < R; ++r) a0[r] = a1[r] = vzero();
     for (int64_t b = 0; b < blocks; ++b) {
-        V w0, w1;
-        dequant<FMT>(w + b * block_bytes(FMT), w0, w1);
+        const V w0 = vload(w + b * QK), w1 = vload(w + b * QK + 16);
         const float* xb = x + b * QK;
         for (int r = 0; r < R; ++r) {
             a0[r] = vfma(w0, vload(xb + r * ldx), a0[r]);
@@ -59,52 +48,122 @@ inline void dot_rows(const float* x, int64_t ldx, const uint8_t* w, int64_t bloc
     for (int r = 0; r < R; ++r) y[r * ldy] = hsum(vadd(a0[r], a1[r]));
 }
 
-// The last rows of a tile, fewer than ROWS, in one pass over the weight row as well.
-template <int FMT>
-inline void dot_rest(int64_t rows, const float* x, int64_t ldx, const uint8_t* w, int64_t blocks, float* y,
-                     int64_t ldy) {
-    switch (rows) {
-        case 1: return dot_rows<1, FMT>(x, ldx, w, blocks, y, ldy);
-        case 2: return dot_rows<2, FMT>(x, ldx, w, blocks, y, ldy);
-        case 3: return dot_rows<3, FMT>(x, ldx, w, blocks, y, ldy);
-        case 4: return dot_rows<4, FMT>(x, ldx, w, blocks, y, ldy);
-        case 5: return dot_rows<5, FMT>(x, ldx, w, blocks, y, ldy);
-        case 6: return dot_rows<6, FMT>(x, ldx, w, blocks, y, ldy);
-        default: return dot_rows<7, FMT>(x, ldx, w, blocks, y, ldy);
-    }
-}
-
-// y[T, N] = x[T, K] @ W[N, K]^T, W in GGUF blocks. Threads split the weight rows, so each reads its share of the
-// weights once per tile of rows; rows go ROWS at a time (what the registers hold), the rest in one more pass.
-template <int FMT>
-void gemm_fmt(const float* x, int64_t T, int64_t K, const uint8_t* w, int64_t N, float* y) {
-    const int64_t blocks = K / QK, row_bytes = blocks * block_bytes(FMT);
+// y[T, N] = x[T, K] @ W[N, K]^T for float32 W (matrices a GGUF keeps unquantised), in float32 throughout.
+void gemm_f32(const float* x, int64_t T, int64_t K, const float* w, int64_t N, float* y) {
+    const int64_t blocks = K / QK;
     at::parallel_for(0, N, 16, [&](int64_t n0, int64_t n1) {
-        for (int64_t t0 = 0; t0 < T; t0 += ROW_TILE) {
-            const int64_t t1 = std::min(T, t0 + ROW_TILE);
-            for (int64_t n = n0; n < n1; ++n) {
-                const uint8_t* wn = w + n * row_bytes;
-                if (n + PREFETCH_ROWS < n1) {
-                    // The hardware prefetcher stops at every 4 KB page; a row a few rows ahead is asked for now.
-                    for (int64_t c = 0; c < row_bytes; c += 64) {
-                        _mm_prefetch(reinterpret_cast<const char*>(wn + PREFETCH_ROWS * row_bytes + c), _MM_HINT_T0);
-                    }
-                }
-                int64_t t = t0;
-                for (; t + ROWS <= t1; t += ROWS) dot_rows<ROWS, FMT>(x + t * K, K, wn, blocks, y + t * N + n, N);
-                if (t < t1) dot_rest<FMT>(t1 - t, x + t * K, K, wn, blocks, y + t * N + n, N);
-            }
+        for (int64_t n = n0; n < n1; ++n) {
+            int64_t t = 0;
+            for (; t + ROWS <= T; t += ROWS) dot_rows<ROWS>(x + t * K, K, w + n * K, blocks, y + t * N + n, N);
+            for (; t < T; ++t) dot_rows<1>(x + t * K, K, w + n * K, blocks, y + t * N + n, N);
         }
     });
 }
 
-void gemm(const float* x, int64_t T, int64_t K, const uint8_t* w, int64_t N, int fmt, float* y) {
-    if (fmt == FMT_Q4_1) {
-        gemm_fmt<FMT_Q4_1>(x, T, K, w, N, y);
-    } else if (fmt == FMT_Q8_0) {
-        gemm_fmt<FMT_Q8_0>(x, T, K, w, N, y);
+// R quantised rows of x against one tile of 16 Q4_1 weight rows, a vector lane each. Per block of 32: the exact
+// integer dot product of x's int8 and the 4-bit q (low nibbles meet x[0..15], high nibbles x[16..31], two
+// dependency chains), then, as w = d q + m, d dx sum(q xq) + m (dx sum(xq)): two fused multiply-adds a lane.
+template <int R>
+inline void q4_rows(const int32_t* xq, const float* dx, const float* sx, int64_t blocks, const uint8_t* tile,
+                    float* y, int64_t ldy) {
+    V acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = vzero();
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* tb = tile + b * Q4_TILE_BYTES;
+        VB lo[4], hi[4];
+        for (int g = 0; g < 4; ++g) {
+            const VB nibbles = bload(tb + 64 * g);
+            lo[g] = nib_lo(nibbles);
+            hi[g] = nib_hi(nibbles);
+        }
+        const V d = half_to_v(tb + Q4_SCALES), m = half_to_v(tb + Q4_MINS);
+        for (int r = 0; r < R; ++r) {
+            const int32_t* x = xq + r * blocks * 8 + b * 8;
+            VI low = vi_zero(), high = vi_zero();
+            for (int g = 0; g < 4; ++g) {
+                low = dot_u8s8(low, lo[g], x[g]);
+                high = dot_u8s8(high, hi[g], x[4 + g]);
+            }
+            acc[r] = vfma(vi_to_v(vi_add(low, high)), vmul(d, vset(dx[r * blocks + b])), acc[r]);
+            acc[r] = vfma(m, vset(sx[r * blocks + b]), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) vstore(y + r * ldy, acc[r]);
+}
+
+// The same for Q8_0 (w = d q): one fused multiply-add a lane per block.
+template <int R>
+inline void q8_rows(const int32_t* xq, const float* dx, const float*, int64_t blocks, const uint8_t* tile, float* y,
+                    int64_t ldy) {
+    V acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = vzero();
+    for (int64_t b = 0; b < blocks; ++b) {
+        const uint8_t* tb = tile + b * Q8_TILE_BYTES;
+        const Q8Block w = load_q8(tb);
+        const V d = half_to_v(tb + Q8_SCALES);
+        for (int r = 0; r < R; ++r) {
+            const VI dot = dot_q8(w, xq + r * blocks * 8 + b * 8);
+            acc[r] = vfma(vi_to_v(dot), vmul(d, vset(dx[r * blocks + b])), acc[r]);
+        }
+    }
+    for (int r = 0; r < R; ++r) vstore(y + r * ldy, acc[r]);
+}
+
+template <bool Q4, int R>
+inline void tile_rows(const QuantizedRows& x, int64_t t, int64_t blocks, const uint8_t* tile, float* y, int64_t ldy) {
+    const int32_t* xq = reinterpret_cast<const int32_t*>(x.q.data()) + t * blocks * 8;
+    const float* dx = x.d.data() + t * blocks;
+    const float* sx = x.s.data() + t * blocks;
+    if constexpr (Q4) {
+        q4_rows<R>(xq, dx, sx, blocks, tile, y, ldy);
     } else {
-        gemm_fmt<FMT_F32>(x, T, K, w, N, y);
+        q8_rows<R>(xq, dx, sx, blocks, tile, y, ldy);
+    }
+}
+
+// The last rows, fewer than QROWS, in one pass over the tile as well.
+template <bool Q4>
+inline void tile_rest(int64_t rows, const QuantizedRows& x, int64_t t, int64_t blocks, const uint8_t* tile, float* y,
+                      int64_t ldy) {
+    switch (rows) {
+        case 1: return tile_rows<Q4, 1>(x, t, blocks, tile, y, ldy);
+        case 2: return tile_rows<Q4, 2>(x, t, blocks, tile, y, ldy);
+        case 3: return tile_rows<Q4, 3>(x, t, blocks, tile, y, ldy);
+        case 4: return tile_rows<Q4, 4>(x, t, blocks, tile, y, ldy);
+        case 5: return tile_rows<Q4, 5>(x, t, blocks, tile, y, ldy);
+        case 6: return tile_rows<Q4, 6>(x, t, blocks, tile, y, ldy);
+        default: return tile_rows<Q4, 7>(x, t, blocks, tile, y, ldy);
+    }
+}
+
+// y[T, tiles * 16] (row stride ldy) = x @ W^T for a tiled Q4_1 or Q8_0 matrix (weights.py's tiles), x quantised.
+// Threads split the tiles; each tile is read from memory once, and from cache again for every QROWS rows of x.
+template <bool Q4>
+void qgemm_fmt(const QuantizedRows& x, int64_t T, int64_t K, const uint8_t* w, int64_t tiles, float* y,
+               int64_t ldy) {
+    const int64_t blocks = K / QK, tile_bytes = blocks * (Q4 ? Q4_TILE_BYTES : Q8_TILE_BYTES);
+    at::parallel_for(0, tiles, 4, [&](int64_t n0, int64_t n1) {
+        for (int64_t n = n0; n < n1; ++n) {
+            const uint8_t* tile = w + n * tile_bytes;
+            if (n + 1 < n1) {
+                // The hardware prefetcher stops at every 4 KB page; the next tile is asked for now.
+                for (int64_t c = 0; c < tile_bytes; c += 64) {
+                    _mm_prefetch(reinterpret_cast<const char*>(tile + tile_bytes + c), _MM_HINT_T0);
+                }
+            }
+            int64_t t = 0;
+            for (; t + QROWS <= T; t += QROWS) tile_rows<Q4, QROWS>(x, t, blocks, tile, y + t * ldy + n * TILE, ldy);
+            if (t < T) tile_rest<Q4>(T - t, x, t, blocks, tile, y + t * ldy + n * TILE, ldy);
+        }
+    });
+}
+
+void qgemm(const QuantizedRows& x, int64_t T, int64_t K, const uint8_t* w, int64_t tiles, int fmt, float* y,
+           int64_t ldy) {
+    if (fmt == FMT_Q4_1) {
+        qgemm_fmt<true>(x, T, K, w, tiles, y, ldy);
+    } else {
+        qgemm_fmt<false>(x, T, K, w, tiles, y, ldy);
     }
 }
 
@@ -136,6 +195,36 @@ void rms_norm(const float* x, int64_t T, int64_t K, const float* weight, float e
     }
 }
 
+// exp(x) = 2^n p(r), x = n ln 2 + r: Cephes' expf (range reduction in two parts, a degree-5 polynomial), about
+// one ulp, in vector operations both builds run alike, so a token's softmax and SiLU are the same bits everywhere.
+inline V vexp(V x) {
+    x = vmin(vmax(x, vset(-87.3f)), vset(88.3f));
+    const V n = vround(vmul(x, vset(1.44269504088896341f)));
+    V r = vfma(n, vset(-0.693359375f), x);
+    r = vfma(n, vset(2.12194440e-4f), r);
+    V p = vset(1.9875691500e-4f);
+    p = vfma(p, r, vset(1.3981999507e-3f));
+    p = vfma(p, r, vset(8.3334519073e-3f));
+    p = vfma(p, r, vset(4.1665795894e-2f));
+    p = vfma(p, r, vset(1.6666665459e-1f));
+    p = vfma(p, r, vset(5.0000001201e-1f));
+    const V y = vadd(vfma(p, vmul(r, r), r), vset(1.0f));
+    return vmul(y, vpow2(n));
+}
+
+// out = silu(gate) * up, gate and up side by side in each row of gate_up [T, 2 ffn].
+void silu_mul(const float* gate_up, int64_t T, int64_t ffn, float* out) {
+    const V one = vset(1.0f);
+    for (int64_t t = 0; t < T; ++t) {
+        const float* g = gate_up + t * 2 * ffn;
+        for (int64_t i = 0; i < ffn; i += 16) {
+            const V gate = vload(g + i);
+            const V silu = vdiv(gate, vadd(one, vexp(vsub(vzero(), gate))));
+            vstore(out + t * ffn + i, vmul(silu, vload(g + ffn + i)));
+        }
+    }
+}
+
 inline float dot_head(const float* a, const float* b, int64_t dim) {
     V acc = vmul(vload(a), vload(b));
     for (int64_t k = 16; k < dim; k += 16) acc = vfma(vload(a + k), vload(b + k), acc);
@@ -160,17 +249,16 @@ void attention(const float* q, int64_t q_stride, int64_t T, int64_t heads, int64
             const int64_t offset = (layer * kv_heads + h / group) * caps[seq[t]] * dim;
             const float* k = keys[seq[t]] + offset;
             const float* v = values[seq[t]] + offset;
-            scores.resize(n);
+            scores.resize((n + 15) / 16 * 16);
             float top = -INFINITY;
             for (int64_t j = 0; j < n; ++j) {
                 scores[j] = dot_head(qh, k + j * dim, dim) * scale;
                 top = std::max(top, scores[j]);
             }
+            const V shift = vset(top);
+            for (int64_t j = 0; j < n; j += 16) vstore(&scores[j], vexp(vsub(vload(&scores[j]), shift)));
             float total = 0.0f;
-            for (int64_t j = 0; j < n; ++j) {
-                scores[j] = std::exp(scores[j] - top);
-                total += scores[j];
-            }
+            for (int64_t j = 0; j < n; ++j) total += scores[j];
             for (int64_t c = 0; c < dim / 16; ++c) acc[c] = vzero();
             for (int64_t j = 0; j < n; ++j) {
                 const V p = vset(scores[j]);

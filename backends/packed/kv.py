@@ -26,13 +26,14 @@ class PackedKV(BatchRows):
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def prefill(self, members: list[object], prompts: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
-        """Newcomers join as rows, their prompts run in one forward (positions from 0)."""
+        """Newcomers join as rows, their prompts run in one forward (positions from 0); each row's logits are its
+        prompt's last position's only, all a decode loop reads (the LM head is most of a long prompt's cost)."""
         first = self.rows
         for member, prompt in zip(members, prompts):
             self.members.append(member)
             self.lengths.append(0)
             self.caches.append(self.model.new_cache(len(prompt) + FIRST_ROOM))
-        return self._forward(list(range(first, self.rows)), prompts, hidden_states)
+        return self._forward(list(range(first, self.rows)), prompts, hidden_states, last_logits=True)
 
     def step(self, inputs: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
         """One forward over every row, row r fed ``inputs[r]`` (at least one token each)."""
@@ -49,20 +50,25 @@ class PackedKV(BatchRows):
         r = self._index(member)
         del self.members[r], self.lengths[r], self.caches[r]
 
-    def _forward(self, rows: list[int], inputs: list[list[int]], hidden_states: bool) -> list[ForwardOut]:
+    def _forward(
+        self, rows: list[int], inputs: list[list[int]], hidden_states: bool, last_logits: bool = False
+    ) -> list[ForwardOut]:
         counts = [len(tokens) for tokens in inputs]
         for r, n in zip(rows, counts):
             self._reserve(r, self.lengths[r] + n)
         tokens = torch.tensor([t for row in inputs for t in row], dtype=torch.long)
         seq = torch.repeat_interleave(torch.tensor(rows), torch.tensor(counts))
         positions = torch.cat([torch.arange(self.lengths[r], self.lengths[r] + n) for r, n in zip(rows, counts)])
-        hidden, logits, states = self.model.forward(tokens, seq, positions, self.caches, hidden_states)
+        ends = torch.tensor(counts).cumsum(0)
+        picked = ends - 1 if last_logits else None
+        hidden, logits, states = self.model.forward(tokens, seq, positions, self.caches, hidden_states, picked)
         results, start = [], 0
-        for r, n in zip(rows, counts):
+        for i, (r, n) in enumerate(zip(rows, counts)):
             self.lengths[r] += n
             end = start + n
             layers = tuple(layer[None, start:end] for layer in states) if states is not None else None
-            results.append(ForwardOut(hidden[start:end], logits[start:end], layers))
+            row_logits = logits[i : i + 1] if last_logits else logits[start:end]
+            results.append(ForwardOut(hidden[start:end], row_logits, layers))
             start = end
         return results
 

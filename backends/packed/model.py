@@ -13,11 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from gguf import GGMLQuantizationType
 from transformers import AutoConfig
 
 from backends.errors import ModelLoadError
 from backends.packed.build import kernels
-from backends.packed.weights import KERNEL_TYPES, PACKED_FILE, BlockTensor, read_packed
+from backends.packed.linear import PackedLinear
+from backends.packed.weights import KERNEL_TYPES, PACKED_FILE, BlockTensor, read_packed, tiled
 
 QUANTIZED_PRECISION = "gguf"
 """How a machine key and a benchmark name what the packed engine serves (the GGUF's own blocks)."""
@@ -73,7 +75,9 @@ class PackedLlama:
                 _tensor(tensors, block + "ffn_down.weight"),
             ]
             norms += [_tensor(tensors, block + n).data for n in ("attn_norm.weight", "ffn_norm.weight")]
-        self.weight_bytes = sum(m.data.numel() * m.data.element_size() for m in matrices[1:])
+        self.lm_head = matrices[1]
+        stored = [_bytes(matrices[0])] + [_kernel_layout(m) for m in matrices[1:]]
+        self.weight_bytes = sum(m.numel() for m in stored[1:])
         """Bytes a forward reads from the weight matrices (the LM head and every layer; the embedding gives one row
         a token): the weight-read floor's numerator."""
         cos, sin = rope_tables(self.shape)
@@ -85,12 +89,22 @@ class PackedLlama:
             s.head_dim,
             s.ffn,
             s.eps,
-            [_bytes(m) for m in matrices],
+            stored,
             [KERNEL_TYPES[m.ggml_type] for m in matrices],
+            [m.shape[0] for m in matrices],
             [n.float().contiguous() for n in norms],
             cos,
             sin,
         )
+
+    def head_rows(self, ids: torch.Tensor | None) -> PackedLinear:
+        """The LM head's rows for ``ids`` (all of them for None) as a layer of their own, in the GGUF's blocks: a
+        drafter's logits over its draft vocabulary read its 8-bit rows, a quarter of the float32 copy's bytes."""
+        head = self.lm_head
+        if ids is None:
+            return PackedLinear(lambda x: self.engine.matmul(1, x), *head.shape)
+        data = head.data.reshape(head.shape[0], -1)[ids.cpu()].contiguous()
+        return PackedLinear.of_blocks(BlockTensor(data, head.ggml_type, (len(ids), head.shape[1])))
 
     def new_cache(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's keys and values, room for ``capacity`` positions."""
@@ -105,11 +119,13 @@ class PackedLlama:
         positions: torch.Tensor,
         caches: list[tuple[torch.Tensor, torch.Tensor]],
         states: bool = False,
+        logit_rows: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Normed last hidden state [T, hidden], logits [T, vocab] and (``states``) every layer's input plus the
-        normed output [layers + 1, T, hidden]; token t is sequence ``seq[t]``'s, at ``positions[t]``."""
+        """Normed last hidden state [T, hidden], logits [T, vocab] (only of the tokens ``logit_rows`` names, when
+        given) and (``states``) every layer's input plus the normed output [layers + 1, T, hidden]; token t is
+        sequence ``seq[t]``'s, at ``positions[t]``."""
         hidden, logits, layers = self.engine.forward(
-            tokens, seq, positions, [k for k, _ in caches], [v for _, v in caches], states
+            tokens, seq, positions, [k for k, _ in caches], [v for _, v in caches], states, logit_rows
         )
         return hidden, logits, layers if states else None
 
@@ -138,7 +154,12 @@ def _rows(parts: list[BlockTensor]) -> BlockTensor:
     return BlockTensor(torch.cat([p.data for p in parts]), parts[0].ggml_type, (rows, parts[0].shape[1]))
 
 
+def _kernel_layout(matrix: BlockTensor) -> torch.Tensor:
+    """A matrix the kernels multiply by: quantised ones in tiles, float32 ones as their rows."""
+    return _bytes(matrix) if matrix.ggml_type == GGMLQuantizationType.F32 else tiled(matrix)
+
+
 def _bytes(matrix: BlockTensor) -> torch.Tensor:
-    """A matrix as the kernels take it: uint8 [rows, row bytes] (float32 rows as their raw bytes)."""
+    """A matrix as GGUF stores it: uint8 [rows, row bytes] (float32 rows as their raw bytes)."""
     data = matrix.data.contiguous()
     return data.view(torch.uint8).reshape(matrix.shape[0], -1) if data.dtype != torch.uint8 else data

@@ -22,6 +22,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 PACKED_FILE = "gguf_blocks.safetensors"
+TILE_ROWS = 16
+"""Weight rows a tile interleaves: one lane of a 16-lane vector each (kernels.cpp)."""
 KERNEL_TYPES = {
     GGMLQuantizationType.F32: 0,
     GGMLQuantizationType.Q4_1: 3,
@@ -93,3 +95,35 @@ def pack_gguf(gguf: Path, out: Path) -> Path | None:
 
 def _names() -> str:
     return ", ".join(t.name for t in (*KERNEL_TYPES, *WIDENED))
+
+
+def tiled(matrix: BlockTensor) -> torch.Tensor:
+    """A Q4_1 or Q8_0 matrix as the kernels multiply by it: uint8 [tiles, blocks x tile bytes], each tile
+    :data:`TILE_ROWS` rows (the last padded with zero blocks), so one vector lane holds one output row and a
+    block's integer dot product needs no horizontal sum.
+
+    The bytes are the GGUF's own, rearranged per tile and block of 32 columns: Q4_1's 16 nibble bytes a row go in
+    4-byte groups (group g holds every row's bytes 4g..4g+3: low nibbles are columns 4g.., high nibbles 16 + 4g..),
+    then the rows' fp16 ``d`` and fp16 ``m``; Q8_0's 32 signed bytes go in eight 4-byte groups, then the fp16
+    ``d`` and each row's sum of ``q`` as int16 (what VNNI's unsigned-by-signed product needs to multiply signed
+    activations). 320 bytes for 16 Q4_1 rows of a block (as in the GGUF), 576 for Q8_0 (544 in the GGUF).
+    """
+    rows = matrix.shape[0]
+    block = 20 if matrix.ggml_type == GGMLQuantizationType.Q4_1 else 34
+    data = matrix.data.reshape(rows, -1, block)
+    pad = -rows % TILE_ROWS
+    if pad:
+        data = torch.cat([data, torch.zeros(pad, *data.shape[1:], dtype=torch.uint8)])
+    tiles, blocks = data.shape[0] // TILE_ROWS, data.shape[1]
+    per_tile = data.reshape(tiles, TILE_ROWS, blocks, block).transpose(1, 2)  # [tiles, blocks, 16, block bytes]
+    if matrix.ggml_type == GGMLQuantizationType.Q4_1:
+        d, m, q = per_tile[..., 0:2], per_tile[..., 2:4], per_tile[..., 4:]
+        groups = q.reshape(tiles, blocks, TILE_ROWS, 4, 4).transpose(2, 3)
+        parts = [groups, d, m]
+    else:
+        d, q = per_tile[..., 0:2], per_tile[..., 2:]
+        groups = q.reshape(tiles, blocks, TILE_ROWS, 8, 4).transpose(2, 3)
+        sums = q.contiguous().view(torch.int8).to(torch.int16).sum(-1, dtype=torch.int16)
+        parts = [groups, d, sums.contiguous().view(torch.uint8)]
+    flat = [part.reshape(tiles, blocks, -1) for part in parts]
+    return torch.cat(flat, dim=-1).reshape(tiles, -1).contiguous()

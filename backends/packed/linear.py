@@ -1,0 +1,67 @@
+"""Linear layers multiplied as the packed engine multiplies: from 8-bit (or the GGUF's own) blocks, with activations
+rounded to int8 per block of 32.
+
+A drafter's round on a CPU is bound by reading its weights, as the target's step is: the published drafter's two
+layers hold 32 MB in float32 and its draft vocabulary's rows of the LM head 38 MB, read every round, which cost
+more than a whole packed step of the target. Served from Q8_0 blocks they read a quarter of that. Only serving
+swaps them in (:func:`pack_linears`, :meth:`backends.dspark.vocab.DraftVocab.serve_from`): training keeps the
+float32 layers and their gradients. A drafter only proposes, so its rounding changes what it drafts, never what
+verification commits.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import gguf
+import torch
+from torch import nn
+
+from backends.packed.build import kernels
+from backends.packed.weights import KERNEL_TYPES, BlockTensor, tiled
+
+QUANTIZED = gguf.GGMLQuantizationType.Q8_0
+
+
+class PackedLinear(nn.Module):
+    """``y = x W^T (+ b)`` through the kernels' ``matmul`` of a packed W [out_features, in_features]."""
+
+    def __init__(
+        self, matmul: Callable[[torch.Tensor], torch.Tensor], out_features: int, in_features: int, bias=None
+    ) -> None:
+        super().__init__()
+        self.matmul, self.out_features, self.in_features = matmul, out_features, in_features
+        self.bias = bias
+
+    @classmethod
+    def of_blocks(cls, matrix: BlockTensor) -> PackedLinear:
+        """A matrix in a GGUF block format the kernels read."""
+        packed = kernels().PackedMatrix(tiled(matrix), KERNEL_TYPES[matrix.ggml_type], *matrix.shape)
+        return cls(packed.matmul, *matrix.shape)
+
+    @classmethod
+    def quantized(cls, linear: nn.Linear) -> PackedLinear:
+        """``linear``'s weight rounded to Q8_0 blocks (as llama.cpp's quantiser rounds them)."""
+        weight = linear.weight.detach().float().cpu().numpy()
+        blocks = torch.from_numpy(gguf.quants.quantize(weight, QUANTIZED))
+        packed = cls.of_blocks(BlockTensor(blocks, QUANTIZED, tuple(weight.shape)))
+        packed.bias = None if linear.bias is None else linear.bias.detach()
+        return packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.matmul(x.reshape(-1, self.in_features).float().contiguous())
+        y = y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
+        return y if self.bias is None else y + self.bias
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Every ``nn.Linear`` inside ``module`` whose input width is a multiple of 32 (a block) replaced by its
+    :meth:`PackedLinear.quantized`; how many were."""
+    count = 0
+    for name, child in module.named_children():
+        if isinstance(child, nn.Linear) and child.in_features % 32 == 0:
+            setattr(module, name, PackedLinear.quantized(child))
+            count += 1
+        else:
+            count += pack_linears(child)
+    return count
