@@ -11,6 +11,7 @@ from backends.autoregressive import AutoregressiveBackend
 from backends.default_model import DEFAULT_MODEL
 from backends.dspark.backend import DSparkBackend
 from backends.loading import load_shared
+from backends.packed.build import kernels_name
 from backends.packed.kv import PackedKV
 from backends.packed.model import QUANTIZED_PRECISION, PackedLlama
 from backends.types import GenerationRequest
@@ -41,6 +42,7 @@ def _ids(served, text: str) -> list[int]:
 
 def test_the_default_model_is_served_from_its_blocks(served):
     assert served.precision == QUANTIZED_PRECISION and served.packed.weight_bytes < 100e6
+    assert served.packed.engine.kernels == kernels_name()  # what the cost curve's machine key says
 
 
 def test_a_tokens_logits_do_not_depend_on_what_shares_its_forward(served):

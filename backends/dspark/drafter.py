@@ -142,9 +142,8 @@ class MarkovHead(nn.Module):
         return self.markov_w2(self.markov_w1(prev_ids))
 
     def step(self, base_row: torch.Tensor, previous: int) -> torch.Tensor:
-        """U_k + B(x_{k-1}) for one block position in one fused op: the sequential stage runs this gamma times a
-        round, where each op's fixed cost on a CPU outweighs its arithmetic."""
-        return torch.addmv(base_row, self.markov_w2.weight, self.markov_w1.weight[previous])
+        """U_k + B(x_{k-1}) for one block position: the sequential stage runs this gamma times a round."""
+        return base_row + self.markov_w2(self.markov_w1.weight[previous])
 
 
 class ConfidenceHead(nn.Module):
@@ -204,11 +203,13 @@ class DSparkDrafter(nn.Module):
 
     def serve_from(self, packed: PackedLlama) -> None:
         """Serve from 8-bit blocks on the packed engine: the draft vocabulary's LM-head rows as the GGUF has them,
-        the layers and the context projection rounded to Q8_0 (:mod:`backends.packed.linear`). A round then reads
-        a quarter of the bytes; serving only, since training needs the float32 weights."""
+        the layers, the context projection and the Markov head's table rounded to Q8_0
+        (:mod:`backends.packed.linear`). A round then reads a quarter of the bytes; serving only, since training
+        needs the float32 weights."""
         self.vocab.serve_from(packed)
         pack_linears(self.layers)
         self.fc = PackedLinear.quantized(self.fc)
+        self.markov_head.markov_w2 = PackedLinear.quantized(self.markov_head.markov_w2)
 
     def bind_vocab(self) -> DSparkDrafter:
         """Take the draft vocabulary's LM-head rows from the target, where both now live (after ``to``, a load,

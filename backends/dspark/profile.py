@@ -25,7 +25,9 @@ from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.published_decode import sample_block
 from backends.engine import batch_kv
 from backends.loading import LoadedModel, cpu_name, load_model
+from backends.packed.build import kernels_name
 from backends.packed.kv import PackedKV
+from backends.packed.model import QUANTIZED_PRECISION
 from backends.scheduling import PROFILE_FILE, SpsCurve, scaled_speedup
 from backends.steps import ForwardOut
 from backends.types import GenerationRequest
@@ -35,8 +37,12 @@ CONTEXT_TOKENS = 64
 
 def machine_key(device: torch.device, precision: torch.dtype | str) -> str:
     """What a stored curve is valid for: the device, the precision and this process's torch threads. The router
-    computes it for a pool before any model is loaded, so it takes what ``load_model`` would resolve."""
+    computes it for a pool before any model is loaded, so it takes what ``load_model`` would resolve. The packed
+    engine's precision names the kernels' build too (``gguf-avx512``, ``gguf-avx2``): CPUs that report the same
+    model name (a cloud's "AMD EPYC") may run different builds at different costs."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
+    if precision == QUANTIZED_PRECISION:
+        precision = f"{precision}-{kernels_name()}"
     return f"{device.type}:{name}|{precision}|threads={torch.get_num_threads()}"
 
 

@@ -9,6 +9,7 @@ has; the AVX-512 kernels inside are compiled for their own target and chosen at 
 
 from __future__ import annotations
 
+import os
 import platform
 import threading
 import warnings
@@ -35,6 +36,21 @@ def supported() -> bool:
     except OSError:
         return False
     return all(flag in flags for flag in ("avx2", "fma", "f16c"))
+
+
+def kernels_name() -> str:
+    """Which of the engine's builds this CPU runs, as ``PackedModel.kernels`` says it: ``avx512`` where it has
+    AVX-512 with BW, VL and VNNI, else ``avx2`` (``DSPARK_KERNELS`` forces one, as it does for the engine). Read
+    from the CPU's flags, so a cost curve's key is known before anything is built; a test holds it to the
+    engine's own choice."""
+    forced = os.environ.get("DSPARK_KERNELS")
+    if forced:
+        return "avx512" if forced == "avx512" else "avx2"
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return "avx2"
+    return "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags else "avx2"
 
 
 @cache

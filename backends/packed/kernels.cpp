@@ -4,7 +4,8 @@
 // call runs the whole forward: embedding, every layer, final norm and LM head, with the GIL released, so Python
 // pays one dispatch per forward, not one per operation.
 //
-// Each sequence owns its KV cache, [layers, kv_heads, capacity, head_dim]; a token is written at its position
+// Each sequence owns its KV cache: values [layers, kv_heads, capacity, head_dim], keys [layers, kv_heads,
+// capacity / 16, head_dim, 16] (16 positions side by side, for attention's scores); a token is written at its position
 // and attends to positions 0..pos of its own sequence. So a ragged batch needs no padding and no mask, and a
 // rejected draft is forgotten by moving the sequence's length back: the next forward overwrites its slots.
 #include <torch/extension.h>
@@ -379,10 +380,13 @@ class PackedModel {
         std::vector<float*> key_ptrs, value_ptrs;
         std::vector<int64_t> caps;
         for (size_t s = 0; s < keys.size(); ++s) {
-            TORCH_CHECK(keys[s].is_contiguous() && values[s].is_contiguous() && keys[s].size(0) == layers_);
+            const int64_t cap = values[s].size(2);
+            TORCH_CHECK(keys[s].is_contiguous() && values[s].is_contiguous() && cap % 16 == 0 &&
+                            keys[s].numel() == values[s].numel() && values[s].size(0) == layers_,
+                        "sequence ", s, "'s cache is not one of new_cache's");
             key_ptrs.push_back(keys[s].data_ptr<float>());
             value_ptrs.push_back(values[s].data_ptr<float>());
-            caps.push_back(keys[s].size(2));
+            caps.push_back(cap);
         }
         const int64_t* tok = tokens.data_ptr<int64_t>();
         const int64_t* sq = seq.data_ptr<int64_t>();
@@ -460,9 +464,12 @@ class PackedModel {
                 }
             }
             for (int64_t h = 0; h < kv_heads_; ++h) {
-                const int64_t slot = ((layer * kv_heads_ + h) * caps[seq[t]] + pos[t]) * dim_;
-                std::memcpy(keys[seq[t]] + slot, row + (heads_ + h) * dim_, dim_ * sizeof(float));
-                std::memcpy(values[seq[t]] + slot, row + (heads_ + kv_heads_ + h) * dim_, dim_ * sizeof(float));
+                const int64_t head = (layer * kv_heads_ + h) * caps[seq[t]] * dim_;
+                float* key = keys[seq[t]] + head + pos[t] / 16 * dim_ * 16 + pos[t] % 16;
+                const float* k = row + (heads_ + h) * dim_;
+                for (int64_t d = 0; d < dim_; ++d) key[d * 16] = k[d];
+                std::memcpy(values[seq[t]] + head + pos[t] * dim_, row + (heads_ + kv_heads_ + h) * dim_,
+                            dim_ * sizeof(float));
             }
         }
     }

@@ -212,6 +212,12 @@ inline V vexp(V x) {
     return vmul(y, vpow2(n));
 }
 
+inline float hmax(V a) {
+    float lanes[16];
+    vstore(lanes, a);
+    return *std::max_element(lanes, lanes + 16);
+}
+
 // out = silu(gate) * up, gate and up side by side in each row of gate_up [T, 2 ffn].
 void silu_mul(const float* gate_up, int64_t T, int64_t ffn, float* out) {
     const V one = vset(1.0f);
@@ -225,48 +231,93 @@ void silu_mul(const float* gate_up, int64_t T, int64_t ffn, float* out) {
     }
 }
 
-inline float dot_head(const float* a, const float* b, int64_t dim) {
-    V acc = vmul(vload(a), vload(b));
-    for (int64_t k = 16; k < dim; k += 16) acc = vfma(vload(a + k), vload(b + k), acc);
-    return hsum(acc);
+// Softmax over one head's scores at positions 0..n-1 (the last chunk's positions past n hold no key of this
+// token's: they count as -inf, then as 0), in place; the sum of the exponentials.
+inline float softmax_weights(float* scores, int64_t n, int64_t chunks) {
+    for (int64_t j = n; j < chunks * 16; ++j) scores[j] = -INFINITY;
+    V top = vload(scores);
+    for (int64_t j = 16; j < n; j += 16) top = vmax(top, vload(scores + j));
+    const V shift = vset(hmax(top));
+    for (int64_t j = 0; j < n; j += 16) vstore(scores + j, vexp(vsub(vload(scores + j), shift)));
+    for (int64_t j = n; j < chunks * 16; ++j) scores[j] = 0.0f;
+    V sum = vzero();
+    for (int64_t j = 0; j < n; j += 16) sum = vadd(sum, vload(scores + j));
+    return hsum(sum);
+}
+
+// G query heads of one token that share a key-value head, side by side so each key and value is loaded once for
+// all of them; every head's own arithmetic is what it would be alone. Scores: for each chunk of 16 positions,
+// four chains of fused multiply-adds over the head's dimensions, summed in one order. Values: even and odd
+// positions in two accumulators, added at the end.
+template <int G>
+void attend_group(const float* q, const float* k, const float* v, int64_t n, int64_t dim, V scale,
+                  std::vector<float>& scores, float* out) {
+    const int64_t chunks = (n + 15) / 16, width = chunks * 16;
+    scores.resize(G * width);
+    for (int64_t c = 0; c < chunks; ++c) {
+        const float* kc = k + c * dim * 16;
+        V part[G][4];
+        for (int g = 0; g < G; ++g) part[g][0] = part[g][1] = part[g][2] = part[g][3] = vzero();
+        for (int64_t d = 0; d < dim; d += 4) {
+            for (int j = 0; j < 4; ++j) {
+                const V key = vload(kc + (d + j) * 16);
+                for (int g = 0; g < G; ++g) part[g][j] = vfma(vset(q[g * dim + d + j]), key, part[g][j]);
+            }
+        }
+        for (int g = 0; g < G; ++g) {
+            const V score = vadd(vadd(part[g][0], part[g][1]), vadd(part[g][2], part[g][3]));
+            vstore(&scores[g * width + c * 16], vmul(score, scale));
+        }
+    }
+    float inverse[G];
+    for (int g = 0; g < G; ++g) inverse[g] = 1.0f / softmax_weights(&scores[g * width], n, chunks);
+    V even[G][MAX_HEAD_DIM / 16], odd[G][MAX_HEAD_DIM / 16];
+    for (int g = 0; g < G; ++g) {
+        for (int64_t c = 0; c < dim / 16; ++c) even[g][c] = odd[g][c] = vzero();
+    }
+    for (int64_t j = 0; j < n; ++j) {
+        for (int64_t c = 0; c < dim / 16; ++c) {
+            const V value = vload(v + j * dim + c * 16);
+            for (int g = 0; g < G; ++g) {
+                V& into = j % 2 ? odd[g][c] : even[g][c];
+                into = vfma(vset(scores[g * width + j]), value, into);
+            }
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        for (int64_t c = 0; c < dim / 16; ++c) {
+            vstore(out + g * dim + c * 16, vmul(vadd(even[g][c], odd[g][c]), vset(inverse[g])));
+        }
+    }
 }
 
 // Causal attention of every new token over its own sequence's cache, positions 0..pos inclusive (the token's own
-// key and value are already written); token t's query heads start at q + t * q_stride. One (token, head) at a
-// time: scores, softmax and the weighted sum of values, each in position order, so nothing depends on which other
+// key and value are already written); token t's query heads start at q + t * q_stride. Keys are stored in chunks
+// of 16 positions, each [head_dim][16] (kernels.cpp), so one vector holds 16 positions' scores. One token and
+// key-value head at a time, its query heads up to four together (attend_group), so nothing depends on which other
 // tokens share the call.
 void attention(const float* q, int64_t q_stride, int64_t T, int64_t heads, int64_t kv_heads, int64_t dim,
                const int64_t* seq, const int64_t* pos, const std::vector<float*>& keys, const std::vector<float*>& values,
                const std::vector<int64_t>& caps, int64_t layer, float* out) {
     const int64_t group = heads / kv_heads;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
-    at::parallel_for(0, T * heads, 1, [&](int64_t i0, int64_t i1) {
+    const V scale = vset(1.0f / std::sqrt(static_cast<float>(dim)));
+    at::parallel_for(0, T * kv_heads, 1, [&](int64_t i0, int64_t i1) {
         std::vector<float> scores;
-        V acc[MAX_HEAD_DIM / 16];
         for (int64_t i = i0; i < i1; ++i) {
-            const int64_t t = i / heads, h = i % heads, n = pos[t] + 1;
-            const float* qh = q + t * q_stride + h * dim;
-            const int64_t offset = (layer * kv_heads + h / group) * caps[seq[t]] * dim;
+            const int64_t t = i / kv_heads, kv = i % kv_heads, n = pos[t] + 1;
+            const int64_t offset = (layer * kv_heads + kv) * caps[seq[t]] * dim;
             const float* k = keys[seq[t]] + offset;
             const float* v = values[seq[t]] + offset;
-            scores.resize((n + 15) / 16 * 16);
-            float top = -INFINITY;
-            for (int64_t j = 0; j < n; ++j) {
-                scores[j] = dot_head(qh, k + j * dim, dim) * scale;
-                top = std::max(top, scores[j]);
+            for (int64_t h = kv * group; h < (kv + 1) * group; h += 4) {
+                const float* qh = q + t * q_stride + h * dim;
+                float* o = out + (t * heads + h) * dim;
+                switch (std::min<int64_t>(4, (kv + 1) * group - h)) {
+                    case 1: attend_group<1>(qh, k, v, n, dim, scale, scores, o); break;
+                    case 2: attend_group<2>(qh, k, v, n, dim, scale, scores, o); break;
+                    case 3: attend_group<3>(qh, k, v, n, dim, scale, scores, o); break;
+                    default: attend_group<4>(qh, k, v, n, dim, scale, scores, o); break;
+                }
             }
-            const V shift = vset(top);
-            for (int64_t j = 0; j < n; j += 16) vstore(&scores[j], vexp(vsub(vload(&scores[j]), shift)));
-            float total = 0.0f;
-            for (int64_t j = 0; j < n; ++j) total += scores[j];
-            for (int64_t c = 0; c < dim / 16; ++c) acc[c] = vzero();
-            for (int64_t j = 0; j < n; ++j) {
-                const V p = vset(scores[j]);
-                for (int64_t c = 0; c < dim / 16; ++c) acc[c] = vfma(p, vload(v + j * dim + c * 16), acc[c]);
-            }
-            const V inv = vset(1.0f / total);
-            float* o = out + (t * heads + h) * dim;
-            for (int64_t c = 0; c < dim / 16; ++c) vstore(o + c * 16, vmul(acc[c], inv));
         }
     });
 }

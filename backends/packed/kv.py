@@ -73,10 +73,6 @@ class PackedKV(BatchRows):
         return results
 
     def _reserve(self, r: int, positions: int) -> None:
-        keys, values = self.caches[r]
-        if positions <= keys.shape[2]:
-            return
-        grown = self.model.new_cache(max(positions, 2 * keys.shape[2]))
-        for old, new in zip((keys, values), grown):
-            new[:, :, : self.lengths[r]] = old[:, :, : self.lengths[r]]
-        self.caches[r] = grown
+        room = self.model.capacity(self.caches[r])
+        if positions > room:
+            self.caches[r] = self.model.grown_cache(self.caches[r], self.lengths[r], max(positions, 2 * room))

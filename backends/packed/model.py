@@ -22,6 +22,8 @@ from backends.packed.linear import PackedLinear
 from backends.packed.weights import KERNEL_TYPES, PACKED_FILE, BlockTensor, read_packed, tiled
 
 QUANTIZED_PRECISION = "gguf"
+KEY_CHUNK = 16
+"""Positions a key cache stores side by side (kernels.cpp's attention scores one vector of them at once)."""
 """How a machine key and a benchmark name what the packed engine serves (the GGUF's own blocks)."""
 
 
@@ -107,10 +109,27 @@ class PackedLlama:
         return PackedLinear.of_blocks(BlockTensor(data, head.ggml_type, (len(ids), head.shape[1])))
 
     def new_cache(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One sequence's keys and values, room for ``capacity`` positions."""
+        """One sequence's keys and values, room for ``capacity`` positions (rounded up to a multiple of 16): values
+        [layers, kv_heads, positions, head_dim], keys [layers, kv_heads, positions / 16, head_dim, 16], 16
+        positions side by side so attention scores 16 at once."""
         s = self.shape
-        shape = (s.layers, s.kv_heads, capacity, s.head_dim)
-        return torch.zeros(shape), torch.zeros(shape)
+        chunks = -(-capacity // KEY_CHUNK)
+        keys = torch.zeros(s.layers, s.kv_heads, chunks, s.head_dim, KEY_CHUNK)
+        return keys, torch.zeros(s.layers, s.kv_heads, chunks * KEY_CHUNK, s.head_dim)
+
+    def grown_cache(
+        self, cache: tuple[torch.Tensor, torch.Tensor], length: int, capacity: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A cache with room for ``capacity`` positions holding ``cache``'s first ``length``."""
+        keys, values = self.new_cache(capacity)
+        chunks = -(-length // KEY_CHUNK)
+        keys[:, :, :chunks] = cache[0][:, :, :chunks]
+        values[:, :, :length] = cache[1][:, :, :length]
+        return keys, values
+
+    @staticmethod
+    def capacity(cache: tuple[torch.Tensor, torch.Tensor]) -> int:
+        return cache[1].shape[2]
 
     def forward(
         self,
