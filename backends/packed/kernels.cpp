@@ -27,7 +27,7 @@ constexpr int FMT_F32 = 0;
 constexpr int FMT_Q4_1 = 3;  // GGML type ids
 constexpr int FMT_Q8_0 = 8;
 constexpr int64_t ROW_TILE = 64;
-constexpr int64_t PREFETCH_ROWS = 4;
+constexpr int64_t PREFETCH_TILES = 4;
 constexpr int64_t MAX_HEAD_DIM = 256;
 
 constexpr int64_t block_bytes(int fmt) { return fmt == FMT_Q4_1 ? 20 : fmt == FMT_Q8_0 ? 34 : 128; }

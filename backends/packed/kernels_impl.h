@@ -145,10 +145,10 @@ void qgemm_fmt(const QuantizedRows& x, int64_t T, int64_t K, const uint8_t* w, i
     at::parallel_for(0, tiles, 4, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
             const uint8_t* tile = w + n * tile_bytes;
-            if (n + 1 < n1) {
-                // The hardware prefetcher stops at every 4 KB page; the next tile is asked for now.
+            if (n + PREFETCH_TILES < n1) {
+                // The hardware prefetcher stops at every 4 KB page; a tile a few ahead is asked for now.
                 for (int64_t c = 0; c < tile_bytes; c += 64) {
-                    _mm_prefetch(reinterpret_cast<const char*>(tile + tile_bytes + c), _MM_HINT_T0);
+                    _mm_prefetch(reinterpret_cast<const char*>(tile + PREFETCH_TILES * tile_bytes + c), _MM_HINT_T0);
                 }
             }
             int64_t t = 0;
