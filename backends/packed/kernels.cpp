@@ -27,7 +27,6 @@ constexpr int FMT_F32 = 0;
 constexpr int FMT_Q4_1 = 3;  // GGML type ids
 constexpr int FMT_Q8_0 = 8;
 constexpr int64_t ROW_TILE = 64;
-constexpr int64_t PREFETCH_TILES = 4;
 constexpr int64_t MAX_HEAD_DIM = 256;
 
 constexpr int64_t block_bytes(int fmt) { return fmt == FMT_Q4_1 ? 20 : fmt == FMT_Q8_0 ? 34 : 128; }
@@ -149,7 +148,6 @@ inline VI dot_u8s8(VI acc, VB u, int32_t x4) {
 // Q8_0: both signed, so |w| times x with w's sign (llama.cpp's trick for CPUs without VNNI).
 struct Q8Block {
     VB w[8];
-    VB corr;  // unused here
 };
 inline Q8Block load_q8(const uint8_t* tile) {
     Q8Block b;

@@ -144,13 +144,9 @@ void qgemm_fmt(const QuantizedRows& x, int64_t T, int64_t K, const uint8_t* w, i
     const int64_t blocks = K / QK, tile_bytes = blocks * (Q4 ? Q4_TILE_BYTES : Q8_TILE_BYTES);
     at::parallel_for(0, tiles, 4, [&](int64_t n0, int64_t n1) {
         for (int64_t n = n0; n < n1; ++n) {
+            // No software prefetch: a thread's tiles are one contiguous stream, which the hardware prefetcher
+            // follows; asking for tiles ahead measured 10-20% slower on the Zen 4 EPYC (1 to 8 tokens).
             const uint8_t* tile = w + n * tile_bytes;
-            if (n + PREFETCH_TILES < n1) {
-                // The hardware prefetcher stops at every 4 KB page; a tile a few ahead is asked for now.
-                for (int64_t c = 0; c < tile_bytes; c += 64) {
-                    _mm_prefetch(reinterpret_cast<const char*>(tile + PREFETCH_TILES * tile_bytes + c), _MM_HINT_T0);
-                }
-            }
             int64_t t = 0;
             for (; t + QROWS <= T; t += QROWS) tile_rows<Q4, QROWS>(x, t, blocks, tile, y + t * ldy + n * TILE, ldy);
             if (t < T) tile_rest<Q4>(T - t, x, t, blocks, tile, y + t * ldy + n * TILE, ldy);
