@@ -650,7 +650,7 @@ def render(results: Path, runs: dict[str, Any], base: Path) -> str:
         "",
         "Each section names the machine it ran on and what served the model: machines and engines differ in what "
         "a forward of several tokens costs against one (on the Zen 4 EPYC here a verifying pass of 8 tokens costs "
-        "2.7 single steps on the packed engine and 1.2 in bfloat16 on transformers, whose single step is 11 times "
+        "2.5 single steps on the packed engine and 1.1 in bfloat16 on transformers, whose single step is 11 times "
         "slower), and that ratio decides what speculative decoding can gain.",
         "",
     ]
