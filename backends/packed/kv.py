@@ -59,8 +59,7 @@ class PackedKV(BatchRows):
         tokens = torch.tensor([t for row in inputs for t in row], dtype=torch.long)
         seq = torch.repeat_interleave(torch.tensor(rows), torch.tensor(counts))
         positions = torch.cat([torch.arange(self.lengths[r], self.lengths[r] + n) for r, n in zip(rows, counts)])
-        ends = torch.tensor(counts).cumsum(0)
-        picked = ends - 1 if last_logits else None
+        picked = torch.tensor(counts).cumsum(0) - 1 if last_logits else None
         hidden, logits, states = self.model.forward(tokens, seq, positions, self.caches, hidden_states, picked)
         results, start = [], 0
         for i, (r, n) in enumerate(zip(rows, counts)):

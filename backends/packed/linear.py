@@ -21,6 +21,8 @@ from backends.packed.build import kernels
 from backends.packed.weights import KERNEL_TYPES, BlockTensor, tiled
 
 QUANTIZED = gguf.GGMLQuantizationType.Q8_0
+BLOCK = gguf.GGML_QUANT_SIZES[QUANTIZED][0]
+"""Weights a block holds: a layer's input width must be a multiple of it."""
 
 
 class PackedLinear(nn.Module):
@@ -59,7 +61,7 @@ def pack_linears(module: nn.Module) -> int:
     :meth:`PackedLinear.quantized`; how many were."""
     count = 0
     for name, child in module.named_children():
-        if isinstance(child, nn.Linear) and child.in_features % 32 == 0:
+        if isinstance(child, nn.Linear) and child.in_features % BLOCK == 0:
             setattr(module, name, PackedLinear.quantized(child))
             count += 1
         else:

@@ -22,9 +22,9 @@ from backends.packed.linear import PackedLinear
 from backends.packed.weights import KERNEL_TYPES, PACKED_FILE, BlockTensor, read_packed, tiled
 
 QUANTIZED_PRECISION = "gguf"
+"""How a machine key and a benchmark name what the packed engine serves (the GGUF's own blocks)."""
 KEY_CHUNK = 16
 """Positions a key cache stores side by side (kernels.cpp's attention scores one vector of them at once)."""
-"""How a machine key and a benchmark name what the packed engine serves (the GGUF's own blocks)."""
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from gguf import GGMLQuantizationType, GGUFReader
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from safetensors import safe_open
 from safetensors.torch import save_file
 
@@ -109,7 +109,7 @@ def tiled(matrix: BlockTensor) -> torch.Tensor:
     activations). 320 bytes for 16 Q4_1 rows of a block (as in the GGUF), 576 for Q8_0 (544 in the GGUF).
     """
     rows = matrix.shape[0]
-    block = 20 if matrix.ggml_type == GGMLQuantizationType.Q4_1 else 34
+    block = GGML_QUANT_SIZES[matrix.ggml_type][1]
     data = matrix.data.reshape(rows, -1, block)
     pad = -rows % TILE_ROWS
     if pad:
