@@ -27,7 +27,6 @@ constexpr int FMT_F32 = 0;
 constexpr int FMT_Q4_1 = 3;  // GGML type ids
 constexpr int FMT_Q8_0 = 8;
 constexpr int64_t ROW_TILE = 64;
-constexpr int64_t MAX_HEAD_DIM = 256;
 
 constexpr int64_t block_bytes(int fmt) { return fmt == FMT_Q4_1 ? 20 : fmt == FMT_Q8_0 ? 34 : 128; }
 
@@ -42,15 +41,17 @@ constexpr int64_t Q8_TILE_BYTES = 576, Q8_SCALES = 512, Q8_SUMS = 544;
 
 // x [T, K] rounded to int8 per block of 32 as llama.cpp's Q8_1 does (x ~ d q, |q| <= 127, and s = d sum(q)), so
 // a product with 4-bit or 8-bit weights is exact integer arithmetic followed by one scaling per block. Each row's
-// rounding depends on that row alone.
+// rounding depends on that row alone. u is q + 128 as unsigned bytes, for VNNI's products with signed Q8_0 weights.
 struct QuantizedRows {
     std::vector<int8_t> q;
+    std::vector<uint8_t> u;
     std::vector<float> d, s;
 };
 
 void quantize_rows(const float* x, int64_t T, int64_t K, QuantizedRows& out) {
     const int64_t blocks = K / QK;
     out.q.resize(T * K);
+    out.u.resize(T * K);
     out.d.resize(T * blocks);
     out.s.resize(T * blocks);
     at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
@@ -63,6 +64,7 @@ void quantize_rows(const float* x, int64_t T, int64_t K, QuantizedRows& out) {
             for (int64_t j = 0; j < QK; ++j) {
                 const int32_t q = static_cast<int32_t>(std::nearbyint(xb[j] * inverse));
                 out.q[i * QK + j] = static_cast<int8_t>(q);
+                out.u[i * QK + j] = static_cast<uint8_t>(q + 128);
                 sum += q;
             }
             out.d[i] = d;
@@ -154,7 +156,7 @@ inline Q8Block load_q8(const uint8_t* tile) {
     for (int g = 0; g < 8; ++g) b.w[g] = bload(tile + 64 * g);
     return b;
 }
-inline VI dot_q8(const Q8Block& b, const int32_t* x) {
+inline VI dot_q8(const Q8Block& b, const int32_t* x, const int32_t*) {
     VI acc = vi_zero();
     for (int g = 0; g < 8; ++g) {
         const __m256i xg = _mm256_set1_epi32(x[g]);
@@ -223,11 +225,11 @@ inline Q8Block load_q8(const uint8_t* tile) {
     b.corr = {_mm512_slli_epi32(_mm512_cvtepi16_epi32(sums), 7)};
     return b;
 }
-inline VI dot_q8(const Q8Block& b, const int32_t* x) {
+inline VI dot_q8(const Q8Block& b, const int32_t*, const int32_t* xu) {
     __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
     for (int g = 0; g < 8; g += 2) {
-        even = _mm512_dpbusd_epi32(even, _mm512_set1_epi32(x[g] ^ 0x80808080), b.w[g].v);
-        odd = _mm512_dpbusd_epi32(odd, _mm512_set1_epi32(x[g + 1] ^ 0x80808080), b.w[g + 1].v);
+        even = _mm512_dpbusd_epi32(even, _mm512_set1_epi32(xu[g]), b.w[g].v);
+        odd = _mm512_dpbusd_epi32(odd, _mm512_set1_epi32(xu[g + 1]), b.w[g + 1].v);
     }
     return {_mm512_sub_epi32(_mm512_add_epi32(even, odd), b.corr.v)};
 }
@@ -339,8 +341,8 @@ class PackedModel {
         TORCH_CHECK(matrices.size() == formats.size() && matrices.size() == rows.size() &&
                         (matrices.size() - 2) % 4 == 0,
                     "4 matrices a layer");
-        TORCH_CHECK(head_dim % 16 == 0 && head_dim <= MAX_HEAD_DIM && hidden % QK == 0 && ffn % QK == 0,
-                    "head_dim must be a multiple of 16 up to 256, hidden and ffn multiples of 32");
+        TORCH_CHECK(head_dim % 16 == 0 && hidden % QK == 0 && ffn % QK == 0,
+                    "head_dim must be a multiple of 16, hidden and ffn multiples of 32");
         const int64_t cols[4] = {hidden, heads * head_dim, hidden, ffn};
         for (size_t i = 0; i < matrices.size(); ++i) {
             const int64_t k = i < 2 ? hidden : cols[(i - 2) % 4];

@@ -93,8 +93,8 @@ inline void q4_rows(const int32_t* xq, const float* dx, const float* sx, int64_t
 
 // The same for Q8_0 (w = d q): one fused multiply-add a lane per block.
 template <int R>
-inline void q8_rows(const int32_t* xq, const float* dx, const float*, int64_t blocks, const uint8_t* tile, float* y,
-                    int64_t ldy) {
+inline void q8_rows(const int32_t* xq, const int32_t* xu, const float* dx, int64_t blocks, const uint8_t* tile,
+                    float* y, int64_t ldy) {
     V acc[R];
     for (int r = 0; r < R; ++r) acc[r] = vzero();
     for (int64_t b = 0; b < blocks; ++b) {
@@ -102,7 +102,7 @@ inline void q8_rows(const int32_t* xq, const float* dx, const float*, int64_t bl
         const Q8Block w = load_q8(tb);
         const V d = half_to_v(tb + Q8_SCALES);
         for (int r = 0; r < R; ++r) {
-            const VI dot = dot_q8(w, xq + r * blocks * 8 + b * 8);
+            const VI dot = dot_q8(w, xq + r * blocks * 8 + b * 8, xu + r * blocks * 8 + b * 8);
             acc[r] = vfma(vi_to_v(dot), vmul(d, vset(dx[r * blocks + b])), acc[r]);
         }
     }
@@ -113,11 +113,10 @@ template <bool Q4, int R>
 inline void tile_rows(const QuantizedRows& x, int64_t t, int64_t blocks, const uint8_t* tile, float* y, int64_t ldy) {
     const int32_t* xq = reinterpret_cast<const int32_t*>(x.q.data()) + t * blocks * 8;
     const float* dx = x.d.data() + t * blocks;
-    const float* sx = x.s.data() + t * blocks;
     if constexpr (Q4) {
-        q4_rows<R>(xq, dx, sx, blocks, tile, y, ldy);
+        q4_rows<R>(xq, dx, x.s.data() + t * blocks, blocks, tile, y, ldy);
     } else {
-        q8_rows<R>(xq, dx, sx, blocks, tile, y, ldy);
+        q8_rows<R>(xq, reinterpret_cast<const int32_t*>(x.u.data()) + t * blocks * 8, dx, blocks, tile, y, ldy);
     }
 }
 
@@ -241,10 +240,45 @@ inline float softmax_weights(float* scores, int64_t n, int64_t chunks) {
     return hsum(sum);
 }
 
+// Chunks of 16 value dimensions weighed together: every accumulator stays in a register (2 G C of them).
+template <int G>
+constexpr int64_t VALUE_CHUNKS = G <= 2 ? 4 : 2;
+
+// out[g] = sum_j scores[g][j] v[j] * inverse[g] over C chunks of 16 of the head's dimensions, even and odd
+// positions in two accumulators added at the end: the same order for any chunking, so the same bits.
+template <int G, int64_t C>
+inline void weigh_values(const float* scores, int64_t width, const float* v, int64_t n, int64_t dim,
+                         const float* inverse, float* out) {
+    V even[G][C], odd[G][C];
+    for (int g = 0; g < G; ++g) {
+        for (int64_t c = 0; c < C; ++c) even[g][c] = odd[g][c] = vzero();
+    }
+    int64_t j = 0;
+    for (; j + 1 < n; j += 2) {
+        for (int64_t c = 0; c < C; ++c) {
+            const V a = vload(v + j * dim + c * 16), b = vload(v + (j + 1) * dim + c * 16);
+            for (int g = 0; g < G; ++g) {
+                even[g][c] = vfma(vset(scores[g * width + j]), a, even[g][c]);
+                odd[g][c] = vfma(vset(scores[g * width + j + 1]), b, odd[g][c]);
+            }
+        }
+    }
+    if (j < n) {
+        for (int64_t c = 0; c < C; ++c) {
+            const V a = vload(v + j * dim + c * 16);
+            for (int g = 0; g < G; ++g) even[g][c] = vfma(vset(scores[g * width + j]), a, even[g][c]);
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        for (int64_t c = 0; c < C; ++c) {
+            vstore(out + g * dim + c * 16, vmul(vadd(even[g][c], odd[g][c]), vset(inverse[g])));
+        }
+    }
+}
+
 // G query heads of one token that share a key-value head, side by side so each key and value is loaded once for
 // all of them; every head's own arithmetic is what it would be alone. Scores: for each chunk of 16 positions,
-// four chains of fused multiply-adds over the head's dimensions, summed in one order. Values: even and odd
-// positions in two accumulators, added at the end.
+// four chains of fused multiply-adds over the head's dimensions, summed in one order. Values: weigh_values.
 template <int G>
 void attend_group(const float* q, const float* k, const float* v, int64_t n, int64_t dim, V scale,
                   std::vector<float>& scores, float* out) {
@@ -267,24 +301,11 @@ void attend_group(const float* q, const float* k, const float* v, int64_t n, int
     }
     float inverse[G];
     for (int g = 0; g < G; ++g) inverse[g] = 1.0f / softmax_weights(&scores[g * width], n, chunks);
-    V even[G][MAX_HEAD_DIM / 16], odd[G][MAX_HEAD_DIM / 16];
-    for (int g = 0; g < G; ++g) {
-        for (int64_t c = 0; c < dim / 16; ++c) even[g][c] = odd[g][c] = vzero();
+    int64_t c = 0;
+    for (; c + VALUE_CHUNKS<G> <= dim / 16; c += VALUE_CHUNKS<G>) {
+        weigh_values<G, VALUE_CHUNKS<G>>(&scores[0], width, v + c * 16, n, dim, inverse, out + c * 16);
     }
-    for (int64_t j = 0; j < n; ++j) {
-        for (int64_t c = 0; c < dim / 16; ++c) {
-            const V value = vload(v + j * dim + c * 16);
-            for (int g = 0; g < G; ++g) {
-                V& into = j % 2 ? odd[g][c] : even[g][c];
-                into = vfma(vset(scores[g * width + j]), value, into);
-            }
-        }
-    }
-    for (int g = 0; g < G; ++g) {
-        for (int64_t c = 0; c < dim / 16; ++c) {
-            vstore(out + g * dim + c * 16, vmul(vadd(even[g][c], odd[g][c]), vset(inverse[g])));
-        }
-    }
+    for (; c < dim / 16; ++c) weigh_values<G, 1>(&scores[0], width, v + c * 16, n, dim, inverse, out + c * 16);
 }
 
 // Causal attention of every new token over its own sequence's cache, positions 0..pos inclusive (the token's own
