@@ -10,8 +10,8 @@ than ``top_p`` of the mass (at temperature 0.9 and top_p 0.95 on the default mod
 of prose) looks further, by its values sorted alone: a pass of 8 such rows takes 10 ms where sorting them with
 their indices took 22, and the rows of a pass whose candidates suffice are not sorted at all (DSpark samples
 and verifies several rows a pass, and on such prose three of four of its passes had one row that looked
-further). Drawing is inverse-CDF (one uniform, a cumulative sum, a binary search), ~5x
-cheaper than ``torch.multinomial`` and the same distribution.
+further), among its largest values first (:func:`_cpu_floor`). Drawing is inverse-CDF (one uniform, a cumulative
+sum, a binary search), ~5x cheaper than ``torch.multinomial`` and the same distribution.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ import torch
 from backends.types import GenerationRequest
 
 NUCLEUS_CANDIDATES = 64
+NUCLEUS_HEADS = (1024, 8192)
+"""The largest values a wide row's nucleus floor is looked for among, in turn, before the whole row is sorted."""
 
 
 def make_generator(request: GenerationRequest, device: torch.device) -> torch.Generator | None:
@@ -51,13 +53,29 @@ def _top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def _nucleus_floor(logits: torch.Tensor, log_total: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Per row, the smallest logit of the nucleus, from the row's values sorted alone: on a CPU NumPy sorts values
-    without carrying their indices at a fifth of ``torch.sort``'s cost (49,152 logits: 0.5 ms a row against 2.2).
-    Tokens tied with the floor are all kept, where a sort would have kept whichever it happened to order first."""
-    if logits.device.type == "cpu":
-        values = torch.from_numpy(np.sort(logits.numpy(), axis=-1)[..., ::-1].copy())
-    else:
-        values = torch.sort(logits, descending=True, dim=-1).values
+    """Per row, the smallest logit of the nucleus, from the row's values sorted alone. Tokens tied with the floor
+    are all kept, where a sort would have kept whichever it happened to order first."""
+    if logits.device.type != "cpu":
+        return _floor_of(torch.sort(logits, descending=True, dim=-1).values, log_total, top_p)
+    return torch.cat([_cpu_floor(row.numpy(), total, top_p) for row, total in zip(logits, log_total)])
+
+
+def _cpu_floor(row: np.ndarray, log_total: torch.Tensor, top_p: float) -> torch.Tensor:
+    """One row's floor on a CPU, from its largest values only where they hold ``top_p`` of the mass: NumPy
+    selects the top 1,024 of 49,152 logits and sorts them in 0.3 ms, against 1 ms to sort the whole row without
+    indices (itself a fifth of ``torch.sort``'s cost), and at temperature 1 and top_p 0.98 two rows in three of
+    the default model's prose need no more. Their descending prefix is the sorted row's, so the floor is too."""
+    for head in NUCLEUS_HEADS:
+        if head >= len(row):
+            break
+        values = torch.from_numpy(np.sort(np.partition(row, len(row) - head)[-head:])[::-1].copy())
+        if float(torch.exp(values - log_total).sum()) >= top_p:
+            return _floor_of(values[None], log_total[None], top_p)
+    return _floor_of(torch.from_numpy(np.sort(row)[::-1].copy())[None], log_total[None], top_p)
+
+
+def _floor_of(values: torch.Tensor, log_total: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The smallest kept value of rows sorted in descending order that hold at least ``top_p`` of the mass."""
     probs = torch.exp(values - log_total)
     kept = (probs.cumsum(dim=-1) - probs < top_p).sum(dim=-1, keepdim=True)
     return values.gather(-1, kept - 1)

@@ -13,7 +13,15 @@ from backends.corpus.recipe import MANIFEST_FILE, CorpusRecipe, Manifest, Prompt
 from backends.corpus.synthesis import Conversation, first_turn_requests, follow_up_requests, turn_prefix, user_turn
 from backends.engine import BatchLimits
 from backends.training.bulk import bulk_answers
-from backends.training.dataset import DISTILL_FILE, FOLLOW_UPS_FILE, SYNTHESIS_FILE, build_corpus
+from backends.training.dataset import (
+    DISTILL_FILE,
+    FOLLOW_UPS_FILE,
+    SYNTHESIS_FILE,
+    build_corpus,
+    read_corpus,
+    ship_corpus,
+    start_from,
+)
 from backends.training.distill import engine_answers, read_distilled
 from backends.types import GenerationRequest
 
@@ -116,6 +124,42 @@ def test_the_manifest_counts_match_the_corpus(corpus):
     usable = saved["sources"].get("synth", {"made": 0})["made"]
     assert usable + sum(v for k, v in saved["unusable_synthesised_turns"].items() if k.startswith("synth:")) == 14
     assert saved["recipe"]["synthesised"] == RECIPE.synthesised
+
+
+def test_a_run_starts_from_shipped_answers_of_its_own_recipe_and_target(corpus, tmp_path):
+    """Answers shipped part-way (the follow-ups not yet answered) seed a run of the same recipe and target, which
+    answers only the rest and ends with the corpus answered in one go; another recipe or target starts afresh."""
+    run, records, _, _, leaked, tokenizer = corpus
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    for name in (SYNTHESIS_FILE, DISTILL_FILE, "follow_up_synthesis.jsonl"):
+        (partial / name).write_text((run / name).read_text())
+    shipped = tmp_path / "shipped"
+    assert ship_corpus(partial, RECIPE, "target", shipped)[DISTILL_FILE] == len(read_distilled(run / DISTILL_FILE))
+
+    other = CorpusRecipe(**{**RECIPE.__dict__, "seed": 1})
+    assert not start_from(shipped, other, "target", tmp_path / "other")
+    assert not start_from(shipped, RECIPE, "another target", tmp_path / "other")
+    assert not (tmp_path / "other").exists()
+
+    asked: list[tuple[int, list[int]]] = []
+    follow_ups = {r.index: r for r in read_distilled(run / FOLLOW_UPS_FILE)}
+
+    def answers(prompts, todo):
+        if todo:
+            asked.append((len(prompts), todo))
+        return (follow_ups.get(i) for i in todo)  # None: a prompt the engine refused
+
+    fresh = tmp_path / "fresh"
+    assert start_from(shipped, RECIPE, "target", fresh)
+    evaluation = EvaluationFilter([leaked])
+    again, _ = build_corpus(answers, tokenizer, RECIPE, fresh, evaluation=evaluation)
+    assert [todo for _, todo in asked] == [list(range(asked[0][0]))] and follow_ups
+    assert [r.__dict__ for r in again] == [r.__dict__ for r in records]
+    ship_corpus(fresh, RECIPE, "target", shipped)
+    finished = tmp_path / "finished"
+    assert start_from(shipped, RECIPE, "target", finished)
+    assert [r.__dict__ for r in read_corpus(finished)] == [r.__dict__ for r in records]
 
 
 def test_bulk_answers_are_the_engines_for_greedy_prompts(tiny_model_paths):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from backends.sampling import NUCLEUS_CANDIDATES, sample, token_probs
+from backends.sampling import NUCLEUS_CANDIDATES, NUCLEUS_HEADS, sample, token_probs
 from backends.types import GenerationRequest
 
 
@@ -42,6 +42,17 @@ def test_a_pass_of_narrow_and_wide_rows_matches_the_full_sort_row_by_row():
     assert torch.allclose(probs, _reference_top_p(logits, 1.0, 0.9), atol=1e-6)
     kept = (probs > 0).sum(-1)
     assert kept[0] < NUCLEUS_CANDIDATES < min(kept[1], kept[3])
+
+
+def test_a_wide_nucleus_found_among_the_largest_values_is_the_full_sorts():
+    """A row whose nucleus lies within its largest 1,024 or 8,192 values takes its floor from those alone, one
+    wider from the whole row: each is the full sort's nucleus."""
+    generator = torch.Generator().manual_seed(5)
+    logits = torch.randn(3, 3 * NUCLEUS_HEADS[-1], generator=generator) * torch.tensor([[5.0], [3.0], [1.2]])
+    probs = token_probs(logits, GenerationRequest(prompt="x", temperature=1.0, top_p=0.98))
+    assert torch.allclose(probs, _reference_top_p(logits, 1.0, 0.98), atol=1e-7)
+    kept = (probs > 0).sum(-1).tolist()
+    assert NUCLEUS_CANDIDATES < kept[0] <= NUCLEUS_HEADS[0] < kept[1] <= NUCLEUS_HEADS[1] < kept[2], kept
 
 
 def test_tokens_tied_with_the_nucleus_floor_are_all_kept():

@@ -5,6 +5,7 @@
     train dspark --target T --run RUN --output DIR    the published drafter (DeepSpec's layout, own weights only)
     train all    --target T --run RUN --output DIR    the three above in one process, features in memory (GPU)
     train export --target T --drafter DIR --output O  that drafter in the whole published layout, for vLLM/SGLang
+    train ship   --target T --run RUN --into DIR      RUN's answers so far, for another machine's --corpus DIR
 
 Each stage keeps what it made in RUN (or in its output's ``checkpoint/``) and continues from there when run
 again. Registered in ``router/cli.py`` through :data:`COMMANDS`; torch is imported inside the handlers.
@@ -56,6 +57,12 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     _dspark_options(dspark)
     dspark.set_defaults(handler=_dspark)
 
+    ship = stages.add_parser("ship", help="a run's answers so far, gzipped, for another machine's train data")
+    _common(ship)
+    _recipe(ship)
+    ship.add_argument("--into", required=True, help="the folder to write (what --corpus reads)")
+    ship.set_defaults(handler=_ship)
+
     export = stages.add_parser("export", help="write a drafter in the whole published layout (vLLM, SGLang)")
     export.add_argument("--target", required=True, help="the target model folder")
     export.add_argument("--drafter", required=True, help="the drafter folder (config.json, model.safetensors)")
@@ -99,6 +106,7 @@ def _recipe(p: argparse.ArgumentParser) -> None:
         help="on a GPU: constrained prompts unconstrained",
     )
     p.add_argument("--layers", help="target layers the published drafter reads (default: DeepSpec's spread)")
+    p.add_argument("--corpus", help="answers another machine shipped (train ship) to start from, if they match")
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -132,10 +140,13 @@ def _corpus(args: argparse.Namespace):
     """The recipe's answered sequences, with the model that answered them; a finished corpus in ``--run`` is read
     as it is (another machine trains on what this one answered)."""
     from backends.training.bulk import bulk_answers
-    from backends.training.dataset import build_corpus, read_corpus
+    from backends.training.dataset import build_corpus, read_corpus, start_from
     from backends.training.distill import distillation_backend, engine_answers
 
     backend = distillation_backend(Path(args.target), args.dtype, args.batch, args.device)
+    recipe = _recipe_of(args)
+    if args.corpus and start_from(Path(args.corpus), recipe, _answered_by(args), Path(args.run)):
+        print(f"starting from the answers shipped in {args.corpus}")
     records = read_corpus(Path(args.run))
     if records is None:
         bulk = backend.loaded.device.type == "cuda"
@@ -144,17 +155,39 @@ def _corpus(args: argparse.Namespace):
             if bulk
             else engine_answers(backend, args.batch)
         )
-        recipe = CorpusRecipe(
-            subtasks=args.subtasks,
-            stdlib=args.stdlib,
-            synthesised=args.synthesised,
-            follow_ups=args.follow_ups,
-            max_tokens=args.max_tokens,
-            sampled_share=args.sampled_share,
-            seed=args.seed,
-        )
         records, _ = build_corpus(answers, backend.loaded.tokenizer, recipe, Path(args.run))
     return backend.loaded, records
+
+
+def _recipe_of(args: argparse.Namespace) -> CorpusRecipe:
+    return CorpusRecipe(
+        subtasks=args.subtasks,
+        stdlib=args.stdlib,
+        synthesised=args.synthesised,
+        follow_ups=args.follow_ups,
+        max_tokens=args.max_tokens,
+        sampled_share=args.sampled_share,
+        seed=args.seed,
+    )
+
+
+def _answered_by(args: argparse.Namespace) -> str:
+    """What a corpus's answers depend on besides the recipe: the target's weights (the sha256 of the GGUF it was
+    converted from, else its folder), the precision that answered, and the kind of device (a GPU answers in bulk
+    through transformers, a CPU through the packed engine)."""
+    from backends.convert import MARKER
+
+    marker = Path(args.target) / MARKER
+    weights = json.loads(marker.read_text())["sha256"] if marker.is_file() else str(Path(args.target).resolve())
+    return f"{weights}|{args.dtype}|{args.device.split(':')[0]}"
+
+
+def _ship(args: argparse.Namespace) -> int:
+    from backends.training.dataset import ship_corpus
+
+    shipped = ship_corpus(Path(args.run), _recipe_of(args), _answered_by(args), Path(args.into))
+    print(json.dumps(shipped, indent=2))
+    return 0
 
 
 def _layer_ids(args: argparse.Namespace, loaded) -> list[int]:

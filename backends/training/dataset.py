@@ -10,10 +10,19 @@ which appends records as they finish and skips
 what a file already holds, so an interrupted ``train data`` continues where it stopped. The manifest
 (``corpus_manifest.json``) counts every source's prompts made, dropped, kept and answered (a prompt too long for the
 model's context is kept but not answered), and their answer tokens.
+
+Answering takes hours on a CPU, so what one machine answered can travel: :func:`ship_corpus` writes a run's stage
+files, gzipped, with the recipe and the target they answer, and :func:`start_from` puts them into another run
+that follows the same recipe on the same target, which then answers only the rest. The engine's answers do not
+depend on the batch or the CPU's instruction set, so they are the answers that run would have made.
 """
 
 from __future__ import annotations
 
+import gzip
+import json
+import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
@@ -35,6 +44,9 @@ DISTILL_FILE = "distill.jsonl"
 SYNTHESIS_FILE = "synthesis.jsonl"
 FOLLOW_UP_SYNTHESIS_FILE = "follow_up_synthesis.jsonl"
 FOLLOW_UPS_FILE = "follow_ups.jsonl"
+STAGE_FILES = (SYNTHESIS_FILE, DISTILL_FILE, FOLLOW_UP_SYNTHESIS_FILE, FOLLOW_UPS_FILE)
+SHIPPED_FILE = "shipped.json"
+"""A shipped corpus's recipe and target, which a run must share to start from it."""
 
 
 def build_corpus(
@@ -105,3 +117,39 @@ def _user(prompt: TrainingPrompt) -> dict[str, str]:
 
 def _assistant(text: str) -> dict[str, str]:
     return {"role": "assistant", "content": text}
+
+
+def ship_corpus(run: Path, recipe: CorpusRecipe, target: str, into: Path) -> dict[str, int]:
+    """``run``'s stage files so far, gzipped into ``into`` with the recipe and the target (its GGUF's sha256)
+    they answer, and the manifest once the corpus is finished; the records shipped per file."""
+    into.mkdir(parents=True, exist_ok=True)
+    shipped = {}
+    for name in STAGE_FILES:
+        records = read_distilled(run / name)
+        if records:
+            with gzip.open(into / f"{name}.gz", "wt", compresslevel=9) as out:
+                out.writelines(json.dumps(record.__dict__) + "\n" for record in records)
+            shipped[name] = len(records)
+    if (run / MANIFEST_FILE).is_file():
+        shutil.copyfile(run / MANIFEST_FILE, into / MANIFEST_FILE)
+    (into / SHIPPED_FILE).write_text(json.dumps({"recipe": asdict(recipe), "target": target, "records": shipped}))
+    return shipped
+
+
+def start_from(shipped: Path, recipe: CorpusRecipe, target: str, run: Path) -> bool:
+    """The shipped corpus's files in ``run`` where it has none of its own, if it answers this recipe on this
+    target (else nothing is copied); whether it did."""
+    meta = shipped / SHIPPED_FILE
+    if not meta.is_file():
+        return False
+    made = json.loads(meta.read_text())
+    if made["recipe"] != asdict(recipe) or made["target"] != target:
+        return False
+    run.mkdir(parents=True, exist_ok=True)
+    for name in STAGE_FILES:
+        if (shipped / f"{name}.gz").is_file() and not (run / name).exists():
+            with gzip.open(shipped / f"{name}.gz", "rt") as source, (run / name).open("w") as out:
+                shutil.copyfileobj(source, out)
+    if (shipped / MANIFEST_FILE).is_file() and not (run / MANIFEST_FILE).exists():
+        shutil.copyfile(shipped / MANIFEST_FILE, run / MANIFEST_FILE)
+    return True
