@@ -14,6 +14,8 @@ from backends.loading import load_shared
 from backends.packed.build import kernels_name
 from backends.packed.kv import PackedKV
 from backends.packed.model import QUANTIZED_PRECISION, PackedLlama
+from backends.training.distill import Distilled
+from backends.training.features import FeatureCache, build_feature_cache
 from backends.types import GenerationRequest
 from tests.test_batching import complete_together
 
@@ -133,3 +135,28 @@ def test_a_cache_that_grows_keeps_every_position(served, monkeypatch):
     logits = [tight.prefill([row], [ids[:4]])[0].logits]
     logits += [tight.step([[token]])[0].logits for token in ids[4:]]
     assert tight.caches[0][1].shape[2] > 16 and torch.equal(torch.cat(logits), torch.cat(expected))  # it grew from 16
+
+
+def test_the_drafters_features_are_the_served_engines_numbers(served, tmp_path):
+    """The training features of several sequences read side by side are each sequence's own forward through the
+    packed engine, bit for bit; cached on disk in bfloat16 they load back as the same bits."""
+    records = [
+        Distilled(i, "test", _ids(served, text), _ids(served, text)[-6:] * (i + 1)) for i, text in enumerate(PROMPTS)
+    ]
+    layer_ids = [1, 12, 26]
+    cache = build_feature_cache(served, records, layer_ids)
+    assert cache.features.dtype == torch.float32
+    for index, record in enumerate(records):
+        n = len(record.tokens)
+        alone = served.packed.new_cache(n)
+        last, logits, states = served.packed.forward(
+            torch.tensor(record.tokens), torch.zeros(n, dtype=torch.long), torch.arange(n), [alone], states=True
+        )
+        rows = cache.span(index)
+        assert torch.equal(cache.features[rows], torch.cat([states[i + 1] for i in layer_ids], dim=-1))
+        assert torch.equal(cache.final[rows], last) and torch.equal(cache.lse[rows], torch.logsumexp(logits, -1))
+    build_feature_cache(served, records, layer_ids, dtype=torch.bfloat16, folder=tmp_path).save(tmp_path)
+    loaded = FeatureCache.load(tmp_path)
+    assert FeatureCache.exists(tmp_path, layer_ids) and loaded.mapped_from == tmp_path
+    assert torch.equal(loaded.features, cache.features.bfloat16()) and torch.equal(loaded.final, cache.final.bfloat16())
+    assert torch.equal(loaded.tokens, torch.tensor([t for r in records for t in r.tokens]))

@@ -3,18 +3,26 @@
 Both drafters learn from what the frozen target computes over its own answers: the published drafter attends to
 several of its layers' hidden states at every earlier position, and both are scored against the target's
 next-token distribution at every answer position. A target forward costs far more than a drafter's training
-step, so it runs once per sequence here, in the target's serving precision, and the results are kept on disk
-(safetensors): the selected layers' hidden states, the last hidden state (after the final norm), from which the
-LM head gives the target's logits over any draft vocabulary, and the log of each position's softmax normaliser,
+step, so it runs once per sequence here, through the engine that serves the target (the packed engine on a
+GGUF's blocks, whose numbers are the served ones whatever shares a forward; else transformers), and the results
+are kept: the selected layers' hidden states, the last hidden state (after the final norm), from which the LM
+head gives the target's logits over any draft vocabulary, and the log of each position's softmax normaliser,
 which turns those logits into probabilities without the other rows of the LM head.
+
+A corpus of millions of tokens holds tens of gigabytes of hidden states, more than memory, so a saved cache
+keeps them in NumPy files read through memory maps (bfloat16 bits as int16, NumPy having no bfloat16; copy on
+write, so nothing a process does reaches the files): training reads a batch's rows from disk, and the page cache
+keeps what it reads often.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -24,9 +32,17 @@ from backends.progress import JobProgress
 from backends.training.distill import Distilled
 
 FEATURES_FILE = "features.safetensors"
+"""Tokens, offsets, prompt lengths and normalisers; written last, so its presence means the cache is whole."""
 META_FILE = "features.json"
+MAPPED = ("features", "final")
+"""The wide tensors, each in ``<name>.npy`` beside :data:`FEATURES_FILE`, read through a memory map."""
 FORWARD_TOKENS = 4096
-"""Padded positions per target forward while caching: large enough for the matrix units, small enough for RAM."""
+"""Positions per group of sequences while caching (padding counted, where there is padding): large enough for the
+matrix units, small enough for RAM."""
+PACKED_WINDOW = 128
+"""Tokens per packed-engine forward: its logits and hidden states stay under glibc's 32 MB threshold for mapping
+fresh pages, so every window reuses the last one's memory instead of the kernel zeroing new pages (a fifth of the
+time at 4,096 tokens a forward)."""
 
 
 @dataclass
@@ -46,6 +62,8 @@ class FeatureCache:
     lse: torch.Tensor
     """[N] float32: logsumexp of the target's logits at each position."""
     layer_ids: list[int]
+    mapped_from: Path | None = None
+    """The folder whose NumPy files ``features`` and ``final`` are memory maps of, if any."""
 
     @property
     def sequences(self) -> int:
@@ -55,76 +73,138 @@ class FeatureCache:
         return slice(int(self.offsets[index]), int(self.offsets[index + 1]))
 
     def save(self, folder: Path) -> None:
+        """The cache in ``folder``: the wide tensors written unless they are its memory maps already (a cache
+        built into ``folder``), then the rest."""
         folder.mkdir(parents=True, exist_ok=True)
-        tensors = {
-            "tokens": self.tokens,
-            "offsets": self.offsets,
-            "prompt_lens": self.prompt_lens,
-            "features": self.features,
-            "final": self.final,
-            "lse": self.lse,
-        }
-        save_file({k: v.contiguous() for k, v in tensors.items()}, folder / FEATURES_FILE)
-        (folder / META_FILE).write_text(json.dumps({"layer_ids": self.layer_ids}) + "\n")
+        if self.mapped_from is None or self.mapped_from.resolve() != folder.resolve():
+            for name in MAPPED:
+                tensor = getattr(self, name).cpu()
+                np.save(folder / f"{name}.npy", tensor.view(_STORED[tensor.dtype]).numpy())
+        meta = {"layer_ids": self.layer_ids, "dtype": str(self.features.dtype).removeprefix("torch.")}
+        (folder / META_FILE).write_text(json.dumps(meta) + "\n")
+        small = {"tokens": self.tokens, "offsets": self.offsets, "prompt_lens": self.prompt_lens, "lse": self.lse}
+        save_file({k: v.contiguous().cpu() for k, v in small.items()}, folder / FEATURES_FILE)
 
     @classmethod
     def load(cls, folder: Path) -> FeatureCache:
         tensors = load_file(folder / FEATURES_FILE)
-        return cls(**tensors, layer_ids=json.loads((folder / META_FILE).read_text())["layer_ids"])
+        meta = json.loads((folder / META_FILE).read_text())
+        dtype = getattr(torch, meta["dtype"])
+        for name in MAPPED:
+            tensors[name] = torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c")).view(dtype)
+        return cls(**tensors, layer_ids=meta["layer_ids"], mapped_from=folder)
 
     @classmethod
     def exists(cls, folder: Path, layer_ids: list[int]) -> bool:
-        meta = folder / META_FILE
-        return (folder / FEATURES_FILE).is_file() and json.loads(meta.read_text())["layer_ids"] == layer_ids
+        whole = all((folder / name).is_file() for name in (FEATURES_FILE, *(f"{m}.npy" for m in MAPPED)))
+        return whole and json.loads((folder / META_FILE).read_text())["layer_ids"] == layer_ids
 
     def to(self, device: torch.device | str) -> FeatureCache:
         """The cache on ``device`` (training reads it where the drafter trains)."""
         names = ("tokens", "offsets", "prompt_lens", "features", "final", "lse")
-        return FeatureCache(**{name: getattr(self, name).to(device) for name in names}, layer_ids=self.layer_ids)
+        moved = {name: getattr(self, name).to(device) for name in names}
+        stays = moved["features"].data_ptr() == self.features.data_ptr()
+        return FeatureCache(**moved, layer_ids=self.layer_ids, mapped_from=self.mapped_from if stays else None)
 
 
 @torch.inference_mode()
 def build_feature_cache(
-    loaded: LoadedModel, records: list[Distilled], layer_ids: list[int], dtype: torch.dtype | None = None
+    loaded: LoadedModel,
+    records: list[Distilled],
+    layer_ids: list[int],
+    dtype: torch.dtype | None = None,
+    folder: Path | None = None,
 ) -> FeatureCache:
-    """One target forward per group of similar-length sequences (right-padded: causal attention keeps padding out
-    of every real position), kept where the model runs, hidden states in ``dtype`` (else the model's; bfloat16
-    halves a large corpus's cache, and training computes in bfloat16 anyway)."""
-    model = loaded.model
-    lm_head = model.get_output_embeddings()
-    order = sorted(range(len(records)), key=lambda i: len(records[i].tokens))
+    """One target forward per group of similar-length sequences, hidden states in ``dtype`` (else what the target
+    computes in; bfloat16 halves a large corpus's cache, and training computes in bfloat16 anyway). Kept where
+    the model runs, or (``folder``) written into memory-mapped files there as they come, for :meth:`save`."""
+    hidden = loaded.model.config.get_text_config().hidden_size
     lengths = torch.tensor([len(r.tokens) for r in records])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-    total, hidden = int(offsets[-1]), model.config.get_text_config().hidden_size
-    store, dtype = loaded.device, dtype or model.dtype
-    features = torch.empty(total, len(layer_ids) * hidden, dtype=dtype, device=store)
-    final = torch.empty(total, hidden, dtype=dtype, device=store)
+    total = int(offsets[-1])
+    store = loaded.device if folder is None else torch.device("cpu")
+    dtype = dtype or (torch.float32 if loaded.packed is not None else loaded.model.dtype)
+    features = _allocate(folder, "features", (total, len(layer_ids) * hidden), dtype, store)
+    final = _allocate(folder, "final", (total, hidden), dtype, store)
     lse = torch.empty(total, dtype=torch.float32, device=store)
-    tokens = torch.tensor([t for r in records for t in r.tokens], device=store)
+    forward = _packed_forward if loaded.packed is not None else _transformers_forward
     with JobProgress(log_every=200) as progress:
         task = progress.add_job("target features", total=len(records))
-        start = 0
-        while start < len(order):
-            width = len(records[order[start]].tokens)
-            group = [order[start]]
-            while start + len(group) < len(order):
-                candidate = order[start + len(group)]
-                if (len(group) + 1) * len(records[candidate].tokens) > FORWARD_TOKENS:
-                    break
-                group.append(candidate)
-                width = len(records[candidate].tokens)
-            ids = torch.full((len(group), width), loaded.tokenizer.pad_token_id or 0, dtype=torch.long)
-            for row, index in enumerate(group):
-                ids[row, : len(records[index].tokens)] = torch.tensor(records[index].tokens)
-            out = model.base_model(input_ids=ids.to(loaded.device), output_hidden_states=True)
-            layers = target_features(out.hidden_states, layer_ids)
-            for row, index in enumerate(group):
-                n = len(records[index].tokens)
-                rows = slice(int(offsets[index]), int(offsets[index]) + n)
-                features[rows] = layers[row, :n].to(dtype)
-                final[rows] = out.last_hidden_state[row, :n].to(dtype)
-                lse[rows] = torch.logsumexp(lm_head(out.last_hidden_state[row, :n]).float(), dim=-1)
-            start += len(group)
+        for group in _groups(records):
+            for index, (layers, last, normaliser) in zip(
+                group, forward(loaded, [records[i].tokens for i in group], layer_ids)
+            ):
+                rows = slice(int(offsets[index]), int(offsets[index + 1]))
+                features[rows] = layers.to(dtype)
+                final[rows] = last.to(dtype)
+                lse[rows] = normaliser.to(store)
             progress.step(task, len(group))
+    tokens = torch.tensor([t for r in records for t in r.tokens], device=store)
     prompt_lens = torch.tensor([len(r.prompt) for r in records], device=store)
-    return FeatureCache(tokens, offsets.to(store), prompt_lens, features, final, lse, list(layer_ids))
+    return FeatureCache(tokens, offsets.to(store), prompt_lens, features, final, lse, list(layer_ids), folder)
+
+
+Features = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+"""One sequence's selected layers [n, layers * hidden], last hidden state [n, hidden] and normalisers [n]."""
+
+
+def _groups(records: list[Distilled]) -> list[list[int]]:
+    """Sequences in order of length, as many to a forward as fit in :data:`FORWARD_TOKENS` padded to the
+    longest."""
+    order = sorted(range(len(records)), key=lambda i: len(records[i].tokens))
+    groups: list[list[int]] = []
+    for index in order:
+        if groups and (len(groups[-1]) + 1) * len(records[index].tokens) <= FORWARD_TOKENS:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+def _packed_forward(loaded: LoadedModel, sequences: list[list[int]], layer_ids: list[int]) -> list[Features]:
+    """The packed engine over the sequences side by side, each at its own positions in a cache of its own (no
+    padding), :data:`PACKED_WINDOW` tokens a forward; each token's numbers are the ones serving computes, whatever
+    shares its forward."""
+    packed = loaded.packed
+    tokens = torch.tensor([t for ids in sequences for t in ids])
+    seq = torch.cat([torch.full((len(ids),), i) for i, ids in enumerate(sequences)])
+    positions = torch.cat([torch.arange(len(ids)) for ids in sequences])
+    caches = [packed.new_cache(len(ids)) for ids in sequences]
+    pieces = []
+    for start in range(0, len(tokens), PACKED_WINDOW):
+        window = slice(start, start + PACKED_WINDOW)
+        last, logits, states = packed.forward(tokens[window], seq[window], positions[window], caches, states=True)
+        pieces.append((states[[i + 1 for i in layer_ids]].permute(1, 0, 2).flatten(1), last, logits.logsumexp(-1)))
+    layers, last, normalisers = (torch.cat(parts) for parts in zip(*pieces))
+    bounds = torch.tensor([0, *[len(ids) for ids in sequences]]).cumsum(0).tolist()
+    return [(layers[a:b], last[a:b], normalisers[a:b]) for a, b in pairwise(bounds)]
+
+
+def _transformers_forward(loaded: LoadedModel, sequences: list[list[int]], layer_ids: list[int]) -> list[Features]:
+    """transformers over the sequences right-padded to the longest (causal attention keeps padding out of every
+    real position)."""
+    ids = torch.full((len(sequences), max(map(len, sequences))), loaded.tokenizer.pad_token_id or 0)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = torch.tensor(sequence)
+    out = loaded.model.base_model(input_ids=ids.to(loaded.device), output_hidden_states=True)
+    layers = target_features(out.hidden_states, layer_ids)
+    lm_head = loaded.model.get_output_embeddings()
+    found = []
+    for row, sequence in enumerate(sequences):
+        last = out.last_hidden_state[row, : len(sequence)]
+        found.append((layers[row, : len(sequence)], last, torch.logsumexp(lm_head(last).float(), dim=-1)))
+    return found
+
+
+_STORED = {torch.float32: torch.float32, torch.float16: torch.float16, torch.bfloat16: torch.int16}
+"""How each dtype is stored in NumPy, which has no bfloat16: as its bits."""
+
+
+def _allocate(folder: Path | None, name: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device):
+    """An uninitialised [rows, width] tensor: in memory, or a memory map of ``folder/<name>.npy``."""
+    if folder is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    folder.mkdir(parents=True, exist_ok=True)
+    numpy_dtype = torch.empty(0, dtype=_STORED[dtype]).numpy().dtype
+    mapped = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=numpy_dtype, shape=shape)
+    return torch.from_numpy(mapped).view(dtype)
