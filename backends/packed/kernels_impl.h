@@ -77,6 +77,7 @@ inline void q4_rows(const int32_t* xq, const float* dx, const float* sx, int64_t
             hi[g] = nib_hi(nibbles);
         }
         const V d = half_to_v(tb + Q4_SCALES), m = half_to_v(tb + Q4_MINS);
+#pragma GCC unroll 8  // each row's accumulator in a register, not the stack: 2-5% at 4 to 8 rows
         for (int r = 0; r < R; ++r) {
             const int32_t* x = xq + r * blocks * 8 + b * 8;
             VI low = vi_zero(), high = vi_zero();
