@@ -48,6 +48,35 @@ struct QuantizedRows {
     std::vector<float> d, s;
 };
 
+// One block of 32: the largest magnitude, d = amax / 127, q = x / d rounded to nearest even (what std::nearbyint
+// does in the default rounding mode, as _mm256_cvtps_epi32 does), packed to int8 in order, and q + 128 as
+// unsigned bytes; returns the sum of q.
+inline int32_t quantize_block(const float* xb, int8_t* q, uint8_t* u, float& d) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 v[4], top = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+        v[k] = _mm256_loadu_ps(xb + 8 * k);
+        top = _mm256_max_ps(top, _mm256_and_ps(v[k], magnitude));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    d = _mm_cvtss_f32(m) / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i iq[4];
+    for (int k = 0; k < 4; ++k) iq[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], inverse));
+    const __m256i packed = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(iq[0], iq[1]), _mm256_packs_epi32(iq[2], iq[3])),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), packed);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(u), _mm256_xor_si256(packed, _mm256_set1_epi8(-128)));
+    const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(iq[0], iq[1]), _mm256_add_epi32(iq[2], iq[3]));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    return _mm_cvtsi128_si32(h);
+}
+
 void quantize_rows(const float* x, int64_t T, int64_t K, QuantizedRows& out) {
     const int64_t blocks = K / QK;
     out.q.resize(T * K);
@@ -56,17 +85,8 @@ void quantize_rows(const float* x, int64_t T, int64_t K, QuantizedRows& out) {
     out.s.resize(T * blocks);
     at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
         for (int64_t i = t0 * blocks; i < t1 * blocks; ++i) {
-            const float* xb = x + i * QK;
-            float amax = 0.0f;
-            for (int64_t j = 0; j < QK; ++j) amax = std::max(amax, std::fabs(xb[j]));
-            const float d = amax / 127.0f, inverse = d != 0.0f ? 1.0f / d : 0.0f;
-            int32_t sum = 0;
-            for (int64_t j = 0; j < QK; ++j) {
-                const int32_t q = static_cast<int32_t>(std::nearbyint(xb[j] * inverse));
-                out.q[i * QK + j] = static_cast<int8_t>(q);
-                out.u[i * QK + j] = static_cast<uint8_t>(q + 128);
-                sum += q;
-            }
+            float d;
+            const int32_t sum = quantize_block(x + i * QK, &out.q[i * QK], &out.u[i * QK], d);
             out.d[i] = d;
             out.s[i] = d * static_cast<float>(sum);
         }
