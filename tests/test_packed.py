@@ -14,6 +14,7 @@ from backends.loading import load_shared
 from backends.packed.build import kernels_name
 from backends.packed.kv import PackedKV
 from backends.packed.model import QUANTIZED_PRECISION, PackedLlama
+from backends.training import features as feature_cache
 from backends.training.distill import Distilled
 from backends.training.features import FeatureCache, build_feature_cache
 from backends.types import GenerationRequest
@@ -137,12 +138,16 @@ def test_a_cache_that_grows_keeps_every_position(served, monkeypatch):
     assert tight.caches[0][1].shape[2] > 16 and torch.equal(torch.cat(logits), torch.cat(expected))  # it grew from 16
 
 
+def _records(served) -> list[Distilled]:
+    return [
+        Distilled(i, "test", _ids(served, text), _ids(served, text)[-6:] * (i + 1)) for i, text in enumerate(PROMPTS)
+    ]
+
+
 def test_the_drafters_features_are_the_served_engines_numbers(served, tmp_path):
     """The training features of several sequences read side by side are each sequence's own forward through the
     packed engine, bit for bit; cached on disk in bfloat16 they load back as the same bits."""
-    records = [
-        Distilled(i, "test", _ids(served, text), _ids(served, text)[-6:] * (i + 1)) for i, text in enumerate(PROMPTS)
-    ]
+    records = _records(served)
     layer_ids = [1, 12, 26]
     cache = build_feature_cache(served, records, layer_ids)
     assert cache.features.dtype == torch.float32
@@ -160,3 +165,33 @@ def test_the_drafters_features_are_the_served_engines_numbers(served, tmp_path):
     assert FeatureCache.exists(tmp_path, layer_ids) and loaded.mapped_from == tmp_path
     assert torch.equal(loaded.features, cache.features.bfloat16()) and torch.equal(loaded.final, cache.final.bfloat16())
     assert torch.equal(loaded.tokens, torch.tensor([t for r in records for t in r.tokens]))
+
+
+class Killed(Exception):
+    """The process stopping mid-build."""
+
+
+def test_an_interrupted_feature_build_resumes_after_its_last_group(served, tmp_path, monkeypatch):
+    """Killed after its first group, a build into a folder computes only the groups it had not written when run
+    again, and ends with the cache an uninterrupted build makes."""
+    records, layer_ids = _records(served), [2, 20]
+    monkeypatch.setattr(feature_cache, "FORWARD_TOKENS", 64)  # one sequence a group
+    whole = build_feature_cache(served, records, layer_ids, dtype=torch.bfloat16)
+    forward, calls, killing = feature_cache._packed_forward, [], [True]
+
+    def counted(loaded, sequences, ids):
+        calls.append(len(sequences))
+        if killing[0] and len(calls) == 2:
+            raise Killed
+        return forward(loaded, sequences, ids)
+
+    monkeypatch.setattr(feature_cache, "_packed_forward", counted)
+    with pytest.raises(Killed):
+        build_feature_cache(served, records, layer_ids, dtype=torch.bfloat16, folder=tmp_path)
+    calls.clear()
+    killing[0] = False
+    build_feature_cache(served, records, layer_ids, dtype=torch.bfloat16, folder=tmp_path).save(tmp_path)
+    assert calls == [1, 1]
+    resumed = FeatureCache.load(tmp_path)
+    for name in ("features", "final", "lse"):
+        assert torch.equal(getattr(resumed, name), getattr(whole, name)), name

@@ -12,7 +12,9 @@ which turns those logits into probabilities without the other rows of the LM hea
 A corpus of millions of tokens holds tens of gigabytes of hidden states, more than memory, so a saved cache
 keeps them in NumPy files read through memory maps (bfloat16 bits as int16, NumPy having no bfloat16; copy on
 write, so nothing a process does reaches the files): training reads a batch's rows from disk, and the page cache
-keeps what it reads often.
+keeps what it reads often. Building them takes hours on a CPU, so it resumes: each group of sequences is written
+into the maps as it comes and counted in a progress file, and a build interrupted continues after the last group
+counted (the groups are the same for the same records).
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ from backends.progress import JobProgress
 from backends.training.distill import Distilled
 
 FEATURES_FILE = "features.safetensors"
-"""Tokens, offsets, prompt lengths and normalisers; written last, so its presence means the cache is whole."""
+"""Tokens, offsets and prompt lengths; written last, so its presence means the cache is whole."""
 META_FILE = "features.json"
-MAPPED = ("features", "final")
-"""The wide tensors, each in ``<name>.npy`` beside :data:`FEATURES_FILE`, read through a memory map."""
+PROGRESS_FILE = "features_progress.json"
+"""What a build into a folder is making and how many of its groups are written: what resuming reads."""
+MAPPED = ("features", "final", "lse")
+"""The tensors as long as the corpus, each in ``<name>.npy`` beside :data:`FEATURES_FILE`, read through a memory
+map."""
 FORWARD_TOKENS = 4096
 """Positions per group of sequences while caching (padding counted, where there is padding): large enough for the
 matrix units, small enough for RAM."""
@@ -63,7 +68,7 @@ class FeatureCache:
     """[N] float32: logsumexp of the target's logits at each position."""
     layer_ids: list[int]
     mapped_from: Path | None = None
-    """The folder whose NumPy files ``features`` and ``final`` are memory maps of, if any."""
+    """The folder whose NumPy files the :data:`MAPPED` tensors are memory maps of, if any."""
 
     @property
     def sequences(self) -> int:
@@ -73,31 +78,32 @@ class FeatureCache:
         return slice(int(self.offsets[index]), int(self.offsets[index + 1]))
 
     def save(self, folder: Path) -> None:
-        """The cache in ``folder``: the wide tensors written unless they are its memory maps already (a cache
+        """The cache in ``folder``: the mapped tensors written unless they are its memory maps already (a cache
         built into ``folder``), then the rest."""
         folder.mkdir(parents=True, exist_ok=True)
         if self.mapped_from is None or self.mapped_from.resolve() != folder.resolve():
             for name in MAPPED:
                 tensor = getattr(self, name).cpu()
                 np.save(folder / f"{name}.npy", tensor.view(_STORED[tensor.dtype]).numpy())
-        meta = {"layer_ids": self.layer_ids, "dtype": str(self.features.dtype).removeprefix("torch.")}
-        (folder / META_FILE).write_text(json.dumps(meta) + "\n")
-        small = {"tokens": self.tokens, "offsets": self.offsets, "prompt_lens": self.prompt_lens, "lse": self.lse}
+        dtypes = {name: _name(getattr(self, name).dtype) for name in MAPPED}
+        (folder / META_FILE).write_text(json.dumps({"layer_ids": self.layer_ids, "dtypes": dtypes}) + "\n")
+        small = {"tokens": self.tokens, "offsets": self.offsets, "prompt_lens": self.prompt_lens}
         save_file({k: v.contiguous().cpu() for k, v in small.items()}, folder / FEATURES_FILE)
 
     @classmethod
     def load(cls, folder: Path) -> FeatureCache:
         tensors = load_file(folder / FEATURES_FILE)
         meta = json.loads((folder / META_FILE).read_text())
-        dtype = getattr(torch, meta["dtype"])
         for name in MAPPED:
-            tensors[name] = torch.from_numpy(np.load(folder / f"{name}.npy", mmap_mode="c")).view(dtype)
+            mapped = np.load(folder / f"{name}.npy", mmap_mode="c")
+            tensors[name] = torch.from_numpy(mapped).view(getattr(torch, meta["dtypes"][name]))
         return cls(**tensors, layer_ids=meta["layer_ids"], mapped_from=folder)
 
     @classmethod
     def exists(cls, folder: Path, layer_ids: list[int]) -> bool:
-        whole = all((folder / name).is_file() for name in (FEATURES_FILE, *(f"{m}.npy" for m in MAPPED)))
-        return whole and json.loads((folder / META_FILE).read_text())["layer_ids"] == layer_ids
+        if not (folder / FEATURES_FILE).is_file():
+            return False
+        return json.loads((folder / META_FILE).read_text())["layer_ids"] == layer_ids
 
     def to(self, device: torch.device | str) -> FeatureCache:
         """The cache on ``device`` (training reads it where the drafter trains)."""
@@ -124,24 +130,40 @@ def build_feature_cache(
     total = int(offsets[-1])
     store = loaded.device if folder is None else torch.device("cpu")
     dtype = dtype or (torch.float32 if loaded.packed is not None else loaded.model.dtype)
-    features = _allocate(folder, "features", (total, len(layer_ids) * hidden), dtype, store)
-    final = _allocate(folder, "final", (total, hidden), dtype, store)
-    lse = torch.empty(total, dtype=torch.float32, device=store)
+    plan = {"layer_ids": list(layer_ids), "dtype": _name(dtype), "sequences": len(records), "tokens": total}
+    done = _groups_done(folder, plan)
+    shapes = {"features": ((total, len(layer_ids) * hidden), dtype), "final": ((total, hidden), dtype)}
+    shapes["lse"] = ((total,), torch.float32)
+    mapped = {name: _allocate(folder, name, shape, kind, store, done > 0) for name, (shape, kind) in shapes.items()}
     forward = _packed_forward if loaded.packed is not None else _transformers_forward
+    groups = _groups(records)
     with JobProgress(log_every=200) as progress:
-        task = progress.add_job("target features", total=len(records))
-        for group in _groups(records):
+        finished = sum(len(group) for group in groups[:done])
+        task = progress.add_job("target features", total=len(records), completed=finished)
+        for number, group in enumerate(groups[done:], start=done):
             for index, (layers, last, normaliser) in zip(
                 group, forward(loaded, [records[i].tokens for i in group], layer_ids)
             ):
                 rows = slice(int(offsets[index]), int(offsets[index + 1]))
-                features[rows] = layers.to(dtype)
-                final[rows] = last.to(dtype)
-                lse[rows] = normaliser.to(store)
+                mapped["features"][rows] = layers.to(dtype)
+                mapped["final"][rows] = last.to(dtype)
+                mapped["lse"][rows] = normaliser.to(store)
+            if folder is not None:
+                (folder / PROGRESS_FILE).write_text(json.dumps({**plan, "groups_done": number + 1}) + "\n")
             progress.step(task, len(group))
     tokens = torch.tensor([t for r in records for t in r.tokens], device=store)
     prompt_lens = torch.tensor([len(r.prompt) for r in records], device=store)
-    return FeatureCache(tokens, offsets.to(store), prompt_lens, features, final, lse, list(layer_ids), folder)
+    return FeatureCache(tokens, offsets.to(store), prompt_lens, **mapped, layer_ids=list(layer_ids), mapped_from=folder)
+
+
+def _groups_done(folder: Path | None, plan: dict) -> int:
+    """How many groups an interrupted build of the same plan into ``folder`` wrote (0 for a fresh one)."""
+    path = folder / PROGRESS_FILE if folder is not None else None
+    if path is None or not path.is_file():
+        return 0
+    progress = json.loads(path.read_text())
+    done = progress.pop("groups_done", 0)
+    return done if progress == plan else 0
 
 
 Features = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
@@ -200,11 +222,19 @@ _STORED = {torch.float32: torch.float32, torch.float16: torch.float16, torch.bfl
 """How each dtype is stored in NumPy, which has no bfloat16: as its bits."""
 
 
-def _allocate(folder: Path | None, name: str, shape: tuple[int, int], dtype: torch.dtype, device: torch.device):
-    """An uninitialised [rows, width] tensor: in memory, or a memory map of ``folder/<name>.npy``."""
+def _allocate(
+    folder: Path | None, name: str, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, resume: bool
+) -> torch.Tensor:
+    """An uninitialised tensor: in memory, or a memory map of ``folder/<name>.npy`` (``resume``: the one there)."""
     if folder is None:
         return torch.empty(shape, dtype=dtype, device=device)
     folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.npy"
+    if resume:
+        return torch.from_numpy(np.load(path, mmap_mode="r+")).view(dtype)
     numpy_dtype = torch.empty(0, dtype=_STORED[dtype]).numpy().dtype
-    mapped = np.lib.format.open_memmap(folder / f"{name}.npy", mode="w+", dtype=numpy_dtype, shape=shape)
-    return torch.from_numpy(mapped).view(dtype)
+    return torch.from_numpy(np.lib.format.open_memmap(path, mode="w+", dtype=numpy_dtype, shape=shape)).view(dtype)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
