@@ -158,10 +158,9 @@ def build_feature_cache(
 
 def _groups_done(folder: Path | None, plan: dict) -> int:
     """How many groups an interrupted build of the same plan into ``folder`` wrote (0 for a fresh one)."""
-    path = folder / PROGRESS_FILE if folder is not None else None
-    if path is None or not path.is_file():
+    if folder is None or not (folder / PROGRESS_FILE).is_file():
         return 0
-    progress = json.loads(path.read_text())
+    progress = json.loads((folder / PROGRESS_FILE).read_text())
     done = progress.pop("groups_done", 0)
     return done if progress == plan else 0
 
@@ -196,7 +195,7 @@ def _packed_forward(loaded: LoadedModel, sequences: list[list[int]], layer_ids: 
     for start in range(0, len(tokens), PACKED_WINDOW):
         window = slice(start, start + PACKED_WINDOW)
         last, logits, states = packed.forward(tokens[window], seq[window], positions[window], caches, states=True)
-        pieces.append((states[[i + 1 for i in layer_ids]].permute(1, 0, 2).flatten(1), last, logits.logsumexp(-1)))
+        pieces.append((target_features(states, layer_ids), last, logits.logsumexp(-1)))
     layers, last, normalisers = (torch.cat(parts) for parts in zip(*pieces))
     bounds = torch.tensor([0, *[len(ids) for ids in sequences]]).cumsum(0).tolist()
     return [(layers[a:b], last[a:b], normalisers[a:b]) for a, b in pairwise(bounds)]
