@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,9 +22,9 @@ from backends.modelfactory import build_model, save_pretrained
 from backends.training import drafter as drafter_training
 from backends.training.checkpoints import CHECKPOINT_DIR
 from backends.training.commands import VOCAB_FILE
-from backends.training.dataset import DISTILL_FILE, FOLLOW_UPS_FILE
+from backends.training.dataset import DISTILL_FILE, FOLLOW_UPS_FILE, STAGE_FILES
 from backends.training.distill import read_distilled
-from backends.training.features import FeatureCache
+from backends.training.features import FeatureCache, sample_within
 from backends.training.heads import REPORT_FILE as HEADS_REPORT
 from router.cli import main
 
@@ -84,6 +85,24 @@ def test_data_holds_the_targets_own_greedy_answers_and_their_features(sharp_targ
     assert list(coverage.values()) == sorted(coverage.values()) and max(coverage.values()) == 1.0
 
 
+def test_features_of_a_sample_within_a_token_budget(sharp_target, run_dir, tmp_path):
+    """``--feature-tokens``: the cache covers a seeded sample of the answered corpus, in corpus order, within the
+    budget; the answers are the run's own, not made again."""
+    for name in (*STAGE_FILES, "corpus_manifest.json"):
+        if (run_dir / name).is_file():
+            shutil.copy(run_dir / name, tmp_path / name)
+    records = read_distilled(run_dir / DISTILL_FILE) + read_distilled(run_dir / FOLLOW_UPS_FILE)
+    budget = sum(len(r.tokens) for r in records) // 2
+    argv = ["train", "data", "--target", str(sharp_target), "--run", str(tmp_path), *RECIPE, "--batch", "6"]
+    assert main([*argv, "--feature-tokens", str(budget)]) == 0
+    cache = FeatureCache.load(tmp_path)
+    assert 0 < cache.sequences < len(records) and len(cache.tokens) <= budget
+    corpus = [r.tokens for r in records]
+    positions = [corpus.index(cache.tokens[cache.span(i)].tolist()) for i in range(cache.sequences)]
+    assert positions == sorted(positions)
+    assert sample_within(records, budget, 0) == sample_within(records, budget, 0) != sample_within(records, budget, 1)
+
+
 def test_both_drafters_learn_and_decode_losslessly_from_their_own_folder(sharp_target, drafters):
     report = json.loads((drafters / DRAFTER_DIR / drafter_training.REPORT_FILE).read_text())
     assert report["final_loss"] < report["first_loss"]
@@ -127,6 +146,25 @@ def test_training_resumes_from_its_checkpoint(sharp_target, run_dir, drafters):
     state = torch.load(output / CHECKPOINT_DIR / "trainer_state.pt", weights_only=True)
     assert state["step"] == 34
     assert math.isnan(json.loads((output / drafter_training.REPORT_FILE).read_text())["first_loss"])
+
+
+def test_training_continues_from_a_trained_drafter(sharp_target, run_dir, drafters, tmp_path):
+    """``--init-from``: a run starts from a shipped drafter (its shape and draft vocabulary, whatever the command
+    line's defaults say) where that one's training ended, below a fresh drafter's loss, and reports the shipped
+    one's acceptance on the same held-out blocks."""
+    source = drafters / DRAFTER_DIR
+    trained = json.loads((source / drafter_training.REPORT_FILE).read_text())
+    argv = ["train", "dspark", "--target", str(sharp_target), "--run", str(run_dir), "--steps", "3"]
+    argv += ["--batch-size", "3", "--anchors", "4", "--draft-layers", "1", "--markov-rank", "16"]
+    fresh, continued = tmp_path / "fresh", tmp_path / "continued"
+    assert main([*argv, "--vocab-size", str(DRAFT_VOCAB), "--output", str(fresh)]) == 0
+    assert main([*argv, "--init-from", str(source), "--output", str(continued)]) == 0
+    report = json.loads((continued / drafter_training.REPORT_FILE).read_text())
+    assert report["first_loss"] < json.loads((fresh / drafter_training.REPORT_FILE).read_text())["first_loss"]
+    initial = report["initial_acceptance_by_position"]
+    assert initial == pytest.approx(trained["acceptance_by_position"], abs=0.02)  # saved in bfloat16
+    with safe_open(continued / WEIGHTS_FILE, "pt") as weights, safe_open(source / WEIGHTS_FILE, "pt") as shipped:
+        assert torch.equal(weights.get_tensor("draft_vocab"), shipped.get_tensor("draft_vocab"))
 
 
 def test_calibration_lowers_ece_on_held_out_data(sharp_target, run_dir, drafters):

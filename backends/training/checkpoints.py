@@ -15,6 +15,12 @@ TRAINER_STATE = "trainer_state.pt"
 CURVE_FILE = "curve.json"
 
 
+def adamw(params, lr: float) -> torch.optim.AdamW:
+    """Both drafters' optimizer: AdamW without weight decay, betas (0.9, 0.95), fused into one kernel a step (on
+    a 2-core CPU the per-tensor update was a fifth of the published drafter's step)."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=True)
+
+
 def save_trainer_state(folder: Path, optimizer: torch.optim.Optimizer, config: object, step: int, curve: list) -> None:
     """Optimizer, step and learning curve (what resuming needs), and the run's config for the record."""
     folder.mkdir(parents=True, exist_ok=True)

@@ -40,6 +40,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         choices=["bfloat16", "float16", "float32"],
         help="the cached hidden states' precision (bfloat16: about 7 kB a token on the default model)",
     )
+    data.add_argument(
+        "--feature-tokens",
+        type=int,
+        help="cache features for a seeded sample of the corpus of at most this many tokens (default: all of it)",
+    )
     data.set_defaults(handler=_data)
 
     every = stages.add_parser("all", help="data, heads and dspark in one process, features in memory (a GPU)")
@@ -93,6 +98,10 @@ def _dspark_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--draft-layers", type=int, default=2, help="backbone layers")
     p.add_argument("--block-size", type=int, default=7, help="draft tokens per block (gamma)")
     p.add_argument("--markov-rank", type=int, default=64)
+    p.add_argument(
+        f"--{prefix}init-from",
+        help="a trained drafter folder to continue from (its shape and vocabulary) instead of a fresh drafter",
+    )
 
 
 def _recipe(p: argparse.ArgumentParser) -> None:
@@ -217,13 +226,15 @@ def _write_vocab(args: argparse.Namespace, loaded, records) -> None:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from backends.training.features import FeatureCache, build_feature_cache
+    from backends.training.features import FeatureCache, build_feature_cache, sample_within
 
     loaded, records = _corpus(args)
     _write_vocab(args, loaded, records)
     if args.features:
         import torch
 
+        if args.feature_tokens is not None:
+            records = sample_within(records, args.feature_tokens, args.seed)
         run, layer_ids = Path(args.run), _layer_ids(args, loaded)
         if not FeatureCache.exists(run, layer_ids):
             dtype = getattr(torch, args.feature_dtype)
@@ -307,6 +318,7 @@ def _dspark_config(args: argparse.Namespace, output: Path, prefix: str = ""):
         layers=args.draft_layers,
         markov_rank=args.markov_rank,
         max_seconds=args.max_seconds,
+        init_from=Path(init_from) if (init_from := getattr(args, f"{prefix}init_from")) else None,
     )
 
 

@@ -33,6 +33,7 @@ from backends.loading import LoadedModel
 from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
+    adamw,
     has_checkpoint,
     out_of_time,
     resume_trainer_state,
@@ -70,6 +71,9 @@ class DrafterTrainConfig:
     autocast: bool = True
     max_seconds: float | None = None
     """Stop after this long, keeping what was learnt (a leased GPU's time is fixed in advance)."""
+    init_from: Path | None = None
+    """A trained drafter folder to continue from (its shape, layers and draft vocabulary) instead of a fresh drafter:
+    training goes on over a new corpus where the last run left off, so no run has to repeat what one before learnt."""
 
 
 @dataclass
@@ -85,6 +89,8 @@ class DrafterTrainReport:
     ece_before: float
     ece_after: float
     temperatures: list[float] = field(default_factory=list)
+    initial_acceptance_by_position: list[float] | None = None
+    """With ``init_from``: the starting drafter's acceptance on the same held-out blocks, before this run."""
     curve: list[dict[str, float]] = field(default_factory=list)
 
 
@@ -275,16 +281,25 @@ def calibrate(
 ) -> tuple[float, float, list[float], list[float]]:
     """Fit temperatures on one half of ``held_out``, measure ECE before/after on the other; set them on the
     drafter. Also returns the per-position acceptance on the measuring half."""
-    half = max(1, len(held_out) // 2)
-    fit = confidence_records(drafter, cache, to_draft, held_out[:half], config)
-    measure = confidence_records(drafter, cache, to_draft, held_out[half:] or held_out[:half], config)
+    fit = confidence_records(drafter, cache, to_draft, held_out[: max(1, len(held_out) // 2)], config)
+    measure = confidence_records(drafter, cache, to_draft, measuring_half(held_out), config)
     temperatures = sequential_temperature_scaling(*fit)
     before = survival_ece(*measure, [1.0] * drafter.block_size)
     after = survival_ece(*measure, temperatures)
     drafter.config.confidence_temperatures = temperatures
-    _, labels, valid = measure
-    acceptance = [labels[valid[:, k], k].mean().item() if valid[:, k].any() else 0.0 for k in range(labels.shape[1])]
-    return before, after, temperatures, acceptance
+    return before, after, temperatures, acceptance_by_position(measure)
+
+
+def measuring_half(held_out: list[int]) -> list[int]:
+    """The held-out sequences acceptance and calibration error are measured on (the other half fits STS)."""
+    half = max(1, len(held_out) // 2)
+    return held_out[half:] or held_out[:half]
+
+
+def acceptance_by_position(records: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> list[float]:
+    """Mean acceptance 1 - TV/2 at each block position over the valid blocks of ``confidence_records``."""
+    _, labels, valid = records
+    return [labels[valid[:, k], k].mean().item() if valid[:, k].any() else 0.0 for k in range(labels.shape[1])]
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -316,7 +331,7 @@ def train_drafter(
     drafter.train()
     to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
     params = [p for p in drafter.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    optimizer = adamw(params, config.lr)
     start, curve = 0, []
     if has_checkpoint(config.output):
         folder = config.output / CHECKPOINT_DIR
@@ -366,22 +381,32 @@ def run(
     if mask_token is None:
         mask_token = next(iter(loaded.eos_ids))
     layer_ids = config.target_layer_ids or cache.layer_ids
+    if config.init_from is not None:
+        drafter = DSparkDrafter.load(
+            config.init_from, loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings()
+        ).float()
+        layer_ids = drafter.config.target_layer_ids
+        drafter.config.confidence_temperatures = None  # STS is fitted again after training
+    else:
+        drafter = DSparkDrafter.for_target(
+            loaded.model,
+            mask_token,
+            seed=config.seed,
+            draft_vocab=draft_vocab,
+            num_layers=config.layers,
+            block_size=config.block_size,
+            markov_rank=config.markov_rank,
+            target_layer_ids=layer_ids,
+        ).float()
     if layer_ids != cache.layer_ids:
         raise ValueError(f"the feature cache holds layers {cache.layer_ids}, not {layer_ids}")
-    drafter = DSparkDrafter.for_target(
-        loaded.model,
-        mask_token,
-        seed=config.seed,
-        draft_vocab=draft_vocab,
-        num_layers=config.layers,
-        block_size=config.block_size,
-        markov_rank=config.markov_rank,
-        target_layer_ids=layer_ids,
-    ).float()
     drafter.to(loaded.device).bind_vocab()
+    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
+    initial = None
+    if config.init_from is not None:
+        initial = acceptance_by_position(confidence_records(drafter, cache, to_draft, measuring_half(held_out), config))
     started = time.perf_counter()
     losses, start, curve = train_drafter(drafter, cache, training, config)
-    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
     before, after, temperatures, acceptance = calibrate(drafter, cache, to_draft, held_out, config)
     drafter.save(config.output, dtype=torch.bfloat16)
     survival, expected = 1.0, 1.0
@@ -398,6 +423,7 @@ def run(
         ece_before=before,
         ece_after=after,
         temperatures=temperatures,
+        initial_acceptance_by_position=initial,
         curve=curve,
     )
     write_report(config.output, REPORT_FILE, report, CURVE_PLOT, "published drafter")

@@ -20,6 +20,7 @@ counted (the groups are the same for the same records).
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
@@ -154,6 +155,19 @@ def build_feature_cache(
     tokens = torch.tensor([t for r in records for t in r.tokens], device=store)
     prompt_lens = torch.tensor([len(r.prompt) for r in records], device=store)
     return FeatureCache(tokens, offsets.to(store), prompt_lens, **mapped, layer_ids=list(layer_ids), mapped_from=folder)
+
+
+def sample_within(records: list[Distilled], max_tokens: int, seed: int) -> list[Distilled]:
+    """A seeded sample of ``records`` holding at most ``max_tokens`` tokens in all, in corpus order: where the whole
+    corpus's features would not fit the disk or the time there is, every source keeps its share in expectation."""
+    order = list(range(len(records)))
+    random.Random(seed).shuffle(order)
+    chosen, total = [], 0
+    for index in order:
+        if total + len(records[index].tokens) <= max_tokens:
+            chosen.append(index)
+            total += len(records[index].tokens)
+    return [records[i] for i in sorted(chosen)]
 
 
 def _groups_done(folder: Path | None, plan: dict) -> int:

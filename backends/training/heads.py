@@ -24,6 +24,7 @@ from backends.loading import LoadedModel
 from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
+    adamw,
     has_checkpoint,
     out_of_time,
     resume_trainer_state,
@@ -105,7 +106,7 @@ def run(
     heads.bind_vocab(loaded.model.get_output_embeddings())
     heads.train()
     to_draft = to_draft_index(loaded.model.get_output_embeddings().weight.shape[0], draft_vocab, cache.tokens.device)
-    optimizer = torch.optim.AdamW(heads.parameters(), lr=config.lr, weight_decay=0.0, betas=(0.9, 0.95))
+    optimizer = adamw(heads.parameters(), config.lr)
     start, curve = 0, []
     if has_checkpoint(config.output):
         folder = config.output / CHECKPOINT_DIR
