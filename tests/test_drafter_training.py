@@ -15,6 +15,7 @@ import torch
 from safetensors import safe_open
 
 from backends import AutoregressiveBackend, GenerationRequest
+from backends.corpus.recipe import MANIFEST_FILE
 from backends.dspark.backend import DSparkBackend, load_drafter
 from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
 from backends.loading import load_model
@@ -88,7 +89,7 @@ def test_data_holds_the_targets_own_greedy_answers_and_their_features(sharp_targ
 def test_features_of_a_sample_within_a_token_budget(sharp_target, run_dir, tmp_path):
     """``--feature-tokens``: the cache covers a seeded sample of the answered corpus, in corpus order, within the
     budget; the answers are the run's own, not made again."""
-    for name in (*STAGE_FILES, "corpus_manifest.json"):
+    for name in (*STAGE_FILES, MANIFEST_FILE):
         if (run_dir / name).is_file():
             shutil.copy(run_dir / name, tmp_path / name)
     records = read_distilled(run_dir / DISTILL_FILE) + read_distilled(run_dir / FOLLOW_UPS_FILE)

@@ -281,8 +281,9 @@ def calibrate(
 ) -> tuple[float, float, list[float], list[float]]:
     """Fit temperatures on one half of ``held_out``, measure ECE before/after on the other; set them on the
     drafter. Also returns the per-position acceptance on the measuring half."""
-    fit = confidence_records(drafter, cache, to_draft, held_out[: max(1, len(held_out) // 2)], config)
-    measure = confidence_records(drafter, cache, to_draft, measuring_half(held_out), config)
+    fitting, measuring = held_out_halves(held_out)
+    fit = confidence_records(drafter, cache, to_draft, fitting, config)
+    measure = confidence_records(drafter, cache, to_draft, measuring, config)
     temperatures = sequential_temperature_scaling(*fit)
     before = survival_ece(*measure, [1.0] * drafter.block_size)
     after = survival_ece(*measure, temperatures)
@@ -290,10 +291,11 @@ def calibrate(
     return before, after, temperatures, acceptance_by_position(measure)
 
 
-def measuring_half(held_out: list[int]) -> list[int]:
-    """The held-out sequences acceptance and calibration error are measured on (the other half fits STS)."""
+def held_out_halves(held_out: list[int]) -> tuple[list[int], list[int]]:
+    """The held-out sequences STS is fitted on, and those acceptance and calibration error are measured on (the
+    same ones where there is only one)."""
     half = max(1, len(held_out) // 2)
-    return held_out[half:] or held_out[:half]
+    return held_out[:half], held_out[half:] or held_out[:half]
 
 
 def acceptance_by_position(records: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> list[float]:
@@ -404,7 +406,8 @@ def run(
     to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
     initial = None
     if config.init_from is not None:
-        initial = acceptance_by_position(confidence_records(drafter, cache, to_draft, measuring_half(held_out), config))
+        measuring = held_out_halves(held_out)[1]
+        initial = acceptance_by_position(confidence_records(drafter, cache, to_draft, measuring, config))
     started = time.perf_counter()
     losses, start, curve = train_drafter(drafter, cache, training, config)
     before, after, temperatures, acceptance = calibrate(drafter, cache, to_draft, held_out, config)
