@@ -85,7 +85,7 @@ class DecodeEngine:
         self._thread: threading.Thread | None = None
         self._held = 0
         self._stopping = False
-        self._exit_hook = False
+        _ENGINES.add(self)
         self.observers: list[Observer] = []
 
     @property
@@ -145,10 +145,8 @@ class DecodeEngine:
         if self._thread is not None:
             return
         self._thread = threading.Thread(target=self._serve, name="decode-engine", daemon=True)
+        _THREADS.add(self._thread)
         self._thread.start()
-        if not self._exit_hook:
-            atexit.register(_stop, weakref.ref(self))
-            self._exit_hook = True
 
     def _serve(self) -> None:
         with torch.inference_mode():
@@ -282,11 +280,22 @@ def prefill_group(newcomers: list[Sequence], budget: int) -> list[Sequence]:
     return group
 
 
-def _stop(engine: weakref.ref[DecodeEngine]) -> None:
-    """At interpreter exit: a thread still inside torch while the interpreter tears down aborts the process."""
-    alive = engine()
-    if alive is not None:
-        alive.stop()
+_ENGINES: weakref.WeakSet[DecodeEngine] = weakref.WeakSet()
+_THREADS: weakref.WeakSet[threading.Thread] = weakref.WeakSet()
+"""Every engine, and every engine thread until it is gone (``threading`` keeps a thread referenced until its very
+end, after its target is dropped: an engine thread that goes idle and ends can still be freeing the engine it held
+last, its KV cache included)."""
+
+
+@atexit.register
+def _stop_engines() -> None:
+    """At interpreter exit, stop every engine and wait for every engine thread: a daemon thread still inside torch
+    (a step, or freeing tensors) while the interpreter tears down aborts the process."""
+    for engine in list(_ENGINES):
+        engine.stop()
+    for thread in list(_THREADS):
+        if thread is not threading.current_thread():
+            thread.join()
 
 
 def _typed(exc: Exception) -> DSparkRouterError:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -206,6 +209,40 @@ def test_a_hold_that_outlasts_the_idle_engine_still_runs_what_it_held(heads_mode
         assert backend.engine._thread is None, "the held engine's thread did not end"
     waiter.join(30)
     assert results and results[0].usage.completion_tokens == 3
+
+
+EXIT_SCRIPT = """
+import sys, time
+from backends import AutoregressiveBackend, GenerationRequest, engine
+
+class SlowToFree:
+    def __call__(self, record):
+        pass
+
+    def __del__(self):
+        time.sleep(0.5)
+        print("freed", flush=True)
+
+engine.IDLE_EXIT_S = 0.01
+backend = AutoregressiveBackend.from_pretrained(sys.argv[1])
+backend.engine.observers.append(SlowToFree())
+backend.complete(GenerationRequest(prompt="x", max_tokens=2, temperature=0.0))
+del backend
+time.sleep(0.2)
+"""
+
+
+def test_the_interpreter_waits_for_an_engine_thread_still_freeing_its_engine(tiny_model_paths):
+    """An idle engine thread ends by itself and drops the engine it ran, the last reference once its backend is
+    gone: it frees the KV cache in that thread. A daemon thread still inside torch when the interpreter finalises
+    aborts the process ("terminate called without an active exception"), so exit waits for it; an observer that
+    is slow to free stands in for the tensors, and its message only prints if the thread was waited for."""
+    script = textwrap.dedent(EXIT_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tiny_model_paths["llama"])], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "freed"
 
 
 def test_a_pool_loads_its_backend_on_a_thread_that_ends(tiny_model_paths):

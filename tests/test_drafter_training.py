@@ -21,7 +21,7 @@ from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
 from backends.loading import load_model
 from backends.modelfactory import build_model, save_pretrained
 from backends.training import drafter as drafter_training
-from backends.training.checkpoints import CHECKPOINT_DIR
+from backends.training.checkpoints import CHECKPOINT_DIR, read_trained_on, split_sequences, write_trained_on
 from backends.training.commands import VOCAB_FILE
 from backends.training.dataset import DISTILL_FILE, FOLLOW_UPS_FILE, STAGE_FILES
 from backends.training.distill import read_distilled
@@ -102,6 +102,33 @@ def test_features_of_a_sample_within_a_token_budget(sharp_target, run_dir, tmp_p
     positions = [corpus.index(cache.tokens[cache.span(i)].tolist()) for i in range(cache.sequences)]
     assert positions == sorted(positions)
     assert sample_within(records, budget, 0) == sample_within(records, budget, 0) != sample_within(records, budget, 1)
+    assert cache.keys == [records[p].key for p in positions]
+
+
+def test_features_of_text_a_drafter_never_saw_continue_it(sharp_target, run_dir, drafters, tmp_path):
+    """A drafter records what it trained on (its cache's training split); ``--feature-skip`` caches only the rest,
+    and a run continued on that measures on text the lineage never saw and records both runs' sequences."""
+    full = FeatureCache.load(run_dir)
+    training = split_sequences(full.sequences, 0, drafter_training.DrafterTrainConfig.holdout)[1]
+    assert read_trained_on(drafters / DRAFTER_DIR) == {full.keys[i] for i in training}
+    source = tmp_path / "half-trained"  # the tiny corpus's training split leaves too little to continue on
+    shutil.copytree(drafters / DRAFTER_DIR, source)
+    seen = frozenset(full.keys[: full.sequences // 2])
+    write_trained_on(source, seen)
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in (*STAGE_FILES, MANIFEST_FILE):
+        if (run_dir / name).is_file():
+            shutil.copy(run_dir / name, run / name)
+    argv = ["train", "data", "--target", str(sharp_target), "--run", str(run), *RECIPE, "--batch", "6"]
+    assert main([*argv, "--feature-skip", str(source)]) == 0
+    cache = FeatureCache.load(run)
+    assert set(cache.keys) == set(full.keys) - seen
+    output = tmp_path / "continued"
+    argv = ["train", "dspark", "--target", str(sharp_target), "--run", str(run), "--steps", "2", "--batch-size", "3"]
+    assert main([*argv, "--anchors", "4", "--init-from", str(source), "--output", str(output)]) == 0
+    continued = read_trained_on(output)
+    assert seen < continued < seen | set(cache.keys)
 
 
 def test_both_drafters_learn_and_decode_losslessly_from_their_own_folder(sharp_target, drafters):

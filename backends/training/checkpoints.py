@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import time
@@ -13,6 +14,9 @@ import torch
 CHECKPOINT_DIR = "checkpoint"
 TRAINER_STATE = "trainer_state.pt"
 CURVE_FILE = "curve.json"
+TRAINED_ON_FILE = "trained_on.json.gz"
+"""Beside a trained drafter: the keys of every corpus sequence it trained on, through every run it continues, so a
+further run can take features of text it never saw (``train data --feature-skip``) and measure on that."""
 
 
 def adamw(params, lr: float) -> torch.optim.AdamW:
@@ -36,6 +40,18 @@ def resume_trainer_state(folder: Path, optimizer: torch.optim.Optimizer) -> tupl
     optimizer.load_state_dict(state["optimizer"])
     curve_file = folder / CURVE_FILE
     return int(state["step"]), json.loads(curve_file.read_text()) if curve_file.is_file() else []
+
+
+def read_trained_on(folder: Path) -> frozenset[str]:
+    """What the drafter in ``folder`` trained on (nothing recorded: an empty set)."""
+    path = folder / TRAINED_ON_FILE
+    return frozenset(json.loads(gzip.decompress(path.read_bytes()))) if path.is_file() else frozenset()
+
+
+def write_trained_on(folder: Path, keys: frozenset[str]) -> None:
+    """``keys`` as :data:`TRAINED_ON_FILE` in ``folder``, sorted (the same set writes the same bytes)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / TRAINED_ON_FILE).write_bytes(gzip.compress(json.dumps(sorted(keys)).encode(), mtime=0))
 
 
 def out_of_time(max_seconds: float | None, started: float) -> bool:

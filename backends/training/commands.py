@@ -45,6 +45,11 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="cache features for a seeded sample of the corpus of at most this many tokens (default: all of it)",
     )
+    data.add_argument(
+        "--feature-skip",
+        metavar="DRAFTER",
+        help="leave out the sequences this trained drafter saw (its trained_on.json.gz): features to continue it on",
+    )
     data.set_defaults(handler=_data)
 
     every = stages.add_parser("all", help="data, heads and dspark in one process, features in memory (a GPU)")
@@ -226,6 +231,7 @@ def _write_vocab(args: argparse.Namespace, loaded, records) -> None:
 
 
 def _data(args: argparse.Namespace) -> int:
+    from backends.training.checkpoints import read_trained_on
     from backends.training.features import FeatureCache, build_feature_cache, sample_within
 
     loaded, records = _corpus(args)
@@ -233,8 +239,10 @@ def _data(args: argparse.Namespace) -> int:
     if args.features:
         import torch
 
-        if args.feature_tokens is not None:
-            records = sample_within(records, args.feature_tokens, args.seed)
+        skip = read_trained_on(Path(args.feature_skip)) if args.feature_skip else frozenset()
+        if args.feature_tokens is not None or skip:
+            budget = args.feature_tokens if args.feature_tokens is not None else sum(len(r.tokens) for r in records)
+            records = sample_within(records, budget, args.seed, skip)
         run, layer_ids = Path(args.run), _layer_ids(args, loaded)
         if not FeatureCache.exists(run, layer_ids):
             dtype = getattr(torch, args.feature_dtype)

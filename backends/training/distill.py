@@ -34,6 +34,12 @@ class Distilled:
     def tokens(self) -> list[int]:
         return self.prompt + self.completion
 
+    @property
+    def key(self) -> str:
+        """The sequence's name in its corpus (its prompt's source and index), the same in every sample of it and
+        in every session: what a drafter records as trained on."""
+        return f"{self.source}#{self.index}"
+
 
 def read_distilled(path: Path) -> list[Distilled]:
     """The records of ``path`` in prompt order (a record cut short by an interrupted write is dropped)."""

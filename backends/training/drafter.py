@@ -36,10 +36,12 @@ from backends.training.checkpoints import (
     adamw,
     has_checkpoint,
     out_of_time,
+    read_trained_on,
     resume_trainer_state,
     save_trainer_state,
     split_sequences,
     write_report,
+    write_trained_on,
 )
 from backends.training.features import FeatureCache
 
@@ -379,6 +381,11 @@ def run(
     torch.manual_seed(config.seed)
     loaded.model.requires_grad_(False)
     held_out, training = split_sequences(cache.sequences, config.seed, config.holdout)
+    earlier = read_trained_on(config.init_from) if config.init_from is not None else frozenset()
+    if earlier and cache.keys is not None:  # measured on text no run in the drafter's lineage trained on
+        held_out = [i for i in held_out if cache.keys[i] not in earlier]
+        if not held_out:
+            raise ValueError(f"{config.init_from} trained on every held-out sequence: see train data --feature-skip")
     mask_token = loaded.tokenizer.pad_token_id
     if mask_token is None:
         mask_token = next(iter(loaded.eos_ids))
@@ -412,6 +419,8 @@ def run(
     losses, start, curve = train_drafter(drafter, cache, training, config)
     before, after, temperatures, acceptance = calibrate(drafter, cache, to_draft, held_out, config)
     drafter.save(config.output, dtype=torch.bfloat16)
+    if cache.keys is not None:
+        write_trained_on(config.output, earlier | {cache.keys[i] for i in training})
     survival, expected = 1.0, 1.0
     for rate in acceptance:
         survival *= rate

@@ -68,6 +68,8 @@ class FeatureCache:
     lse: torch.Tensor
     """[N] float32: logsumexp of the target's logits at each position."""
     layer_ids: list[int]
+    keys: list[str] | None = None
+    """[S]: each sequence's :attr:`Distilled.key` (None in a cache written before they were kept)."""
     mapped_from: Path | None = None
     """The folder whose NumPy files the :data:`MAPPED` tensors are memory maps of, if any."""
 
@@ -87,7 +89,8 @@ class FeatureCache:
                 tensor = getattr(self, name).cpu()
                 np.save(folder / f"{name}.npy", tensor.view(_STORED[tensor.dtype]).numpy())
         dtypes = {name: _name(getattr(self, name).dtype) for name in MAPPED}
-        (folder / META_FILE).write_text(json.dumps({"layer_ids": self.layer_ids, "dtypes": dtypes}) + "\n")
+        meta = {"layer_ids": self.layer_ids, "dtypes": dtypes, "keys": self.keys}
+        (folder / META_FILE).write_text(json.dumps(meta) + "\n")
         small = {"tokens": self.tokens, "offsets": self.offsets, "prompt_lens": self.prompt_lens}
         save_file({k: v.contiguous().cpu() for k, v in small.items()}, folder / FEATURES_FILE)
 
@@ -98,7 +101,7 @@ class FeatureCache:
         for name in MAPPED:
             mapped = np.load(folder / f"{name}.npy", mmap_mode="c")
             tensors[name] = torch.from_numpy(mapped).view(getattr(torch, meta["dtypes"][name]))
-        return cls(**tensors, layer_ids=meta["layer_ids"], mapped_from=folder)
+        return cls(**tensors, layer_ids=meta["layer_ids"], keys=meta.get("keys"), mapped_from=folder)
 
     @classmethod
     def exists(cls, folder: Path, layer_ids: list[int]) -> bool:
@@ -111,7 +114,8 @@ class FeatureCache:
         names = ("tokens", "offsets", "prompt_lens", "features", "final", "lse")
         moved = {name: getattr(self, name).to(device) for name in names}
         stays = moved["features"].data_ptr() == self.features.data_ptr()
-        return FeatureCache(**moved, layer_ids=self.layer_ids, mapped_from=self.mapped_from if stays else None)
+        mapped_from = self.mapped_from if stays else None
+        return FeatureCache(**moved, layer_ids=self.layer_ids, keys=self.keys, mapped_from=mapped_from)
 
 
 @torch.inference_mode()
@@ -154,13 +158,19 @@ def build_feature_cache(
             progress.step(task, len(group))
     tokens = torch.tensor([t for r in records for t in r.tokens], device=store)
     prompt_lens = torch.tensor([len(r.prompt) for r in records], device=store)
-    return FeatureCache(tokens, offsets.to(store), prompt_lens, **mapped, layer_ids=list(layer_ids), mapped_from=folder)
+    keys = [r.key for r in records]
+    return FeatureCache(
+        tokens, offsets.to(store), prompt_lens, **mapped, layer_ids=list(layer_ids), keys=keys, mapped_from=folder
+    )
 
 
-def sample_within(records: list[Distilled], max_tokens: int, seed: int) -> list[Distilled]:
+def sample_within(
+    records: list[Distilled], max_tokens: int, seed: int, skip: frozenset[str] = frozenset()
+) -> list[Distilled]:
     """A seeded sample of ``records`` holding at most ``max_tokens`` tokens in all, in corpus order: where the whole
-    corpus's features would not fit the disk or the time there is, every source keeps its share in expectation."""
-    order = list(range(len(records)))
+    corpus's features would not fit the disk or the time there is, every source keeps its share in expectation.
+    Records whose key is in ``skip`` (what a drafter trained further already saw) are never chosen."""
+    order = [i for i in range(len(records)) if records[i].key not in skip]
     random.Random(seed).shuffle(order)
     chosen, total = [], 0
     for index in order:
