@@ -136,6 +136,7 @@ def test_a_run_starts_from_shipped_answers_of_its_own_recipe_and_target(corpus, 
         (partial / name).write_text((run / name).read_text())
     shipped = tmp_path / "shipped"
     assert ship_corpus(partial, RECIPE, "target", shipped)[DISTILL_FILE] == len(read_distilled(run / DISTILL_FILE))
+    first_turns = (shipped / f"{DISTILL_FILE}.gz").read_bytes()
 
     other = CorpusRecipe(**{**RECIPE.__dict__, "seed": 1})
     assert not start_from(shipped, other, "target", tmp_path / "other")
@@ -157,6 +158,7 @@ def test_a_run_starts_from_shipped_answers_of_its_own_recipe_and_target(corpus, 
     assert [todo for _, todo in asked] == [list(range(asked[0][0]))] and follow_ups
     assert [r.__dict__ for r in again] == [r.__dict__ for r in records]
     ship_corpus(fresh, RECIPE, "target", shipped)
+    assert (shipped / f"{DISTILL_FILE}.gz").read_bytes() == first_turns  # the same answers, the same bytes
     finished = tmp_path / "finished"
     assert start_from(shipped, RECIPE, "target", finished)
     assert [r.__dict__ for r in read_corpus(finished)] == [r.__dict__ for r in records]

@@ -127,8 +127,9 @@ def ship_corpus(run: Path, recipe: CorpusRecipe, target: str, into: Path) -> dic
     for name in STAGE_FILES:
         records = read_distilled(run / name)
         if records:
-            with gzip.open(into / f"{name}.gz", "wt", compresslevel=9) as out:
-                out.writelines(json.dumps(record.__dict__) + "\n" for record in records)
+            text = "".join(json.dumps(record.__dict__) + "\n" for record in records)
+            # no time or name in the gzip header: the same answers ship as the same bytes, not a new blob in git
+            (into / f"{name}.gz").write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
             shipped[name] = len(records)
     if (run / MANIFEST_FILE).is_file():
         shutil.copyfile(run / MANIFEST_FILE, into / MANIFEST_FILE)
