@@ -65,6 +65,17 @@ def drafters(sharp_target, run_dir, tmp_path_factory) -> Path:
     return folder
 
 
+def features_of_answers(target: Path, answered: Path, run: Path, *flags: str) -> FeatureCache:
+    """``train data`` with ``flags`` in a new ``run`` holding ``answered``'s answers (so none are made again)."""
+    run.mkdir(exist_ok=True)
+    for name in (*STAGE_FILES, MANIFEST_FILE):
+        if (answered / name).is_file():
+            shutil.copy(answered / name, run / name)
+    argv = ["train", "data", "--target", str(target), "--run", str(run), *RECIPE, "--batch", "6"]
+    assert main([*argv, *flags]) == 0
+    return FeatureCache.load(run)
+
+
 def test_data_holds_the_targets_own_greedy_answers_and_their_features(sharp_target, run_dir):
     records = read_distilled(run_dir / DISTILL_FILE) + read_distilled(run_dir / FOLLOW_UPS_FILE)
     assert {"subtask", "stdlib"} <= {r.source.split(":")[0] for r in records} and len(records) >= 18
@@ -89,14 +100,9 @@ def test_data_holds_the_targets_own_greedy_answers_and_their_features(sharp_targ
 def test_features_of_a_sample_within_a_token_budget(sharp_target, run_dir, tmp_path):
     """``--feature-tokens``: the cache covers a seeded sample of the answered corpus, in corpus order, within the
     budget; the answers are the run's own, not made again."""
-    for name in (*STAGE_FILES, MANIFEST_FILE):
-        if (run_dir / name).is_file():
-            shutil.copy(run_dir / name, tmp_path / name)
     records = read_distilled(run_dir / DISTILL_FILE) + read_distilled(run_dir / FOLLOW_UPS_FILE)
     budget = sum(len(r.tokens) for r in records) // 2
-    argv = ["train", "data", "--target", str(sharp_target), "--run", str(tmp_path), *RECIPE, "--batch", "6"]
-    assert main([*argv, "--feature-tokens", str(budget)]) == 0
-    cache = FeatureCache.load(tmp_path)
+    cache = features_of_answers(sharp_target, run_dir, tmp_path, "--feature-tokens", str(budget))
     assert 0 < cache.sequences < len(records) and len(cache.tokens) <= budget
     corpus = [r.tokens for r in records]
     positions = [corpus.index(cache.tokens[cache.span(i)].tolist()) for i in range(cache.sequences)]
@@ -116,13 +122,7 @@ def test_features_of_text_a_drafter_never_saw_continue_it(sharp_target, run_dir,
     seen = frozenset(full.keys[: full.sequences // 2])
     write_trained_on(source, seen)
     run = tmp_path / "run"
-    run.mkdir()
-    for name in (*STAGE_FILES, MANIFEST_FILE):
-        if (run_dir / name).is_file():
-            shutil.copy(run_dir / name, run / name)
-    argv = ["train", "data", "--target", str(sharp_target), "--run", str(run), *RECIPE, "--batch", "6"]
-    assert main([*argv, "--feature-skip", str(source)]) == 0
-    cache = FeatureCache.load(run)
+    cache = features_of_answers(sharp_target, run_dir, run, "--feature-skip", str(source))
     assert set(cache.keys) == set(full.keys) - seen
     output = tmp_path / "continued"
     argv = ["train", "dspark", "--target", str(sharp_target), "--run", str(run), "--steps", "2", "--batch-size", "3"]
