@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +19,8 @@ from backends import AutoregressiveBackend, GenerationRequest
 from backends.corpus.recipe import MANIFEST_FILE
 from backends.dspark.backend import DSparkBackend, load_drafter
 from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
+from backends.dspark.heads import WEIGHTS_FILE as HEADS_WEIGHTS
+from backends.dspark.heads import DSparkConfig
 from backends.loading import load_model
 from backends.modelfactory import build_model, save_pretrained
 from backends.training import drafter as drafter_training
@@ -27,6 +30,7 @@ from backends.training.dataset import DISTILL_FILE, FOLLOW_UPS_FILE, STAGE_FILES
 from backends.training.distill import read_distilled
 from backends.training.features import FeatureCache, sample_within
 from backends.training.heads import REPORT_FILE as HEADS_REPORT
+from backends.training.heads import HeadsTrainConfig
 from router.cli import main
 
 DRAFT_VOCAB = 256
@@ -129,6 +133,12 @@ def test_features_of_text_a_drafter_never_saw_continue_it(sharp_target, run_dir,
     assert main([*argv, "--anchors", "4", "--init-from", str(source), "--output", str(output)]) == 0
     continued = read_trained_on(output)
     assert seen < continued < seen | set(cache.keys)
+    held_out = [key for key in cache.keys if key not in continued]
+    kinds = json.loads((output / drafter_training.REPORT_FILE).read_text())["acceptance_by_kind"]
+    assert {kind: m["sequences"] for kind, m in kinds.items()} == Counter(k.rsplit("#", 1)[0] for k in held_out)
+    for measured in kinds.values():
+        assert len(measured["acceptance_by_position"]) == len(measured["initial_acceptance_by_position"]) == 7
+        assert measured["expected_tokens"] == drafter_training.tokens_a_round(measured["acceptance_by_position"])
 
 
 def test_both_drafters_learn_and_decode_losslessly_from_their_own_folder(sharp_target, drafters):
@@ -193,6 +203,29 @@ def test_training_continues_from_a_trained_drafter(sharp_target, run_dir, drafte
     assert initial == pytest.approx(trained["acceptance_by_position"], abs=0.02)  # saved in bfloat16
     with safe_open(continued / WEIGHTS_FILE, "pt") as weights, safe_open(source / WEIGHTS_FILE, "pt") as shipped:
         assert torch.equal(weights.get_tensor("draft_vocab"), shipped.get_tensor("draft_vocab"))
+
+
+def test_span_heads_continue_from_trained_heads(sharp_target, run_dir, drafters, tmp_path):
+    """``train heads --init-from``: heads go on from trained ones with their own vocabulary and tuned thresholds
+    (the command line names neither), report those heads' accuracy on the same held-out positions before the run,
+    and record the sequences the run trained on."""
+    tuned = tmp_path / "tuned"
+    shutil.copytree(drafters, tuned, ignore=shutil.ignore_patterns(DRAFTER_DIR, CHECKPOINT_DIR))
+    config = DSparkConfig.load(tuned)
+    config.thresholds = {2: 0.3, 4: 0.7}
+    config.save(tuned)
+    output = tmp_path / "continued"
+    argv = ["train", "heads", "--target", str(sharp_target), "--run", str(run_dir), "--output", str(output)]
+    assert main([*argv, "--steps", "3", "--positions", "64", "--init-from", str(tuned)]) == 0
+    report = json.loads((output / HEADS_REPORT).read_text())
+    trained = json.loads((drafters / HEADS_REPORT).read_text())
+    assert report["initial_accuracy_by_head"] == pytest.approx(trained["accuracy_by_head"], abs=0.02)
+    assert DSparkConfig.load(output).thresholds == {2: 0.3, 4: 0.7}
+    with safe_open(output / HEADS_WEIGHTS, "pt") as weights, safe_open(tuned / HEADS_WEIGHTS, "pt") as source:
+        assert torch.equal(weights.get_tensor("draft_vocab"), source.get_tensor("draft_vocab"))
+    cache = FeatureCache.load(run_dir)
+    training = split_sequences(cache.sequences, 0, HeadsTrainConfig.holdout)[1]
+    assert read_trained_on(output) == {cache.keys[i] for i in training}
 
 
 def test_calibration_lowers_ece_on_held_out_data(sharp_target, run_dir, drafters):

@@ -6,7 +6,7 @@ import gzip
 import json
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -87,6 +87,35 @@ def split_sequences(sequences: int, seed: int, holdout: float) -> tuple[list[int
     random.Random(seed).shuffle(order)
     held = max(2, int(len(order) * holdout))
     return order[:held], order[held:]
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """A run's split of its feature cache, given what its starting point (``init_from``) and every run before that
+    trained on: held-out sequences the lineage saw are left out, so before and after are measured on text it never
+    saw, and the run's record is the lineage's plus its own training sequences."""
+
+    earlier: frozenset[str]
+    held_out: list[int]
+    training: list[int]
+
+    @classmethod
+    def split(
+        cls, keys: list[str] | None, sequences: int, seed: int, holdout: float, init_from: Path | None
+    ) -> Lineage:
+        held_out, training = split_sequences(sequences, seed, holdout)
+        earlier = read_trained_on(init_from) if init_from is not None else frozenset()
+        if earlier and keys is not None:
+            held_out = [i for i in held_out if keys[i] not in earlier]
+            if not held_out:
+                raise ValueError(f"{init_from} trained on every held-out sequence: see train data --feature-skip")
+        return cls(earlier, held_out, training)
+
+    def record(self, output: Path, keys: list[str] | None) -> None:
+        """The lineage's record with this run's training sequences, beside its weights in ``output`` (none where
+        the cache predates keys)."""
+        if keys is not None:
+            write_trained_on(output, self.earlier | {keys[i] for i in self.training})
 
 
 def write_report(output: Path, report_file: str, report: object, curve_plot: str, title: str) -> None:

@@ -92,6 +92,11 @@ def _heads_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument(f"--{prefix}steps", type=int, default=1500)
     p.add_argument("--positions", type=int, default=2048, help="answer positions per step")
     p.add_argument(f"--{prefix}lr", type=float, default=2e-3)
+    p.add_argument(
+        f"--{prefix}init-from",
+        help="a folder of trained span heads to continue from (their count, vocabulary and thresholds) instead of "
+        "fresh heads",
+    )
 
 
 def _dspark_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
@@ -265,9 +270,28 @@ def _all(args: argparse.Namespace) -> int:
     vocab = _vocab(args)
     heads.run(loaded, cache, _heads_config(args, Path(args.output), "heads-", args.heads_seconds), vocab)
     drafter_config = _dspark_config(args, Path(args.output) / DRAFTER_DIR, "dspark-")
-    report = drafter.run(loaded, cache, drafter_config, vocab)
-    print(json.dumps({k: v for k, v in asdict(report).items() if k != "curve"}, indent=2))
+    _print_report(drafter.run(loaded, cache, drafter_config, vocab))
     return 0
+
+
+def _print_report(report: object) -> None:
+    """A stage's report as JSON less its curve, and its held-out acceptance by kind (where it has one) as a table
+    that fits 80 columns: tokens a round before and after, and the first block position's acceptance."""
+    from backends.training.drafter import tokens_a_round
+
+    values = asdict(report)
+    kinds = values.pop("acceptance_by_kind", {})
+    print(json.dumps({k: v for k, v in values.items() if k != "curve"}, indent=2))
+    if kinds:
+        print(f"{'held-out kind':<28} {'seqs':>5} {'pos 1':>13} {'tokens/round':>14}")
+    for kind, measured in kinds.items():
+        initial = measured["initial_acceptance_by_position"]
+        first = f"{measured['acceptance_by_position'][0]:.3f}"
+        expected = f"{measured['expected_tokens']:.2f}"
+        if initial is not None:
+            first = f"{initial[0]:.3f}->{first}"
+            expected = f"{tokens_a_round(initial):.2f}->{expected}"
+        print(f"{kind[:28]:<28} {measured['sequences']:>5} {first:>13} {expected:>14}")
 
 
 def _vocab(args: argparse.Namespace):
@@ -284,8 +308,7 @@ def _train(args: argparse.Namespace, run: Callable, config: object) -> int:
     from backends.training.features import FeatureCache
 
     loaded = _setup(args)
-    report = run(loaded, FeatureCache.load(Path(args.run)).to(loaded.device), config, _vocab(args))
-    print(json.dumps({k: v for k, v in asdict(report).items() if k != "curve"}, indent=2))
+    _print_report(run(loaded, FeatureCache.load(Path(args.run)).to(loaded.device), config, _vocab(args)))
     return 0
 
 
@@ -304,6 +327,7 @@ def _heads_config(args: argparse.Namespace, output: Path, prefix: str = "", max_
         checkpoint_every=args.checkpoint_every,
         seed=args.seed,
         max_seconds=max_seconds,
+        init_from=Path(init_from) if (init_from := getattr(args, f"{prefix}init_from")) else None,
     )
 
 

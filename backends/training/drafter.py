@@ -33,15 +33,13 @@ from backends.loading import LoadedModel
 from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
+    Lineage,
     adamw,
     has_checkpoint,
     out_of_time,
-    read_trained_on,
     resume_trainer_state,
     save_trainer_state,
-    split_sequences,
     write_report,
-    write_trained_on,
 )
 from backends.training.features import FeatureCache
 
@@ -79,6 +77,18 @@ class DrafterTrainConfig:
 
 
 @dataclass
+class KindAcceptance:
+    """Held-out acceptance on one kind of request (a corpus source such as ``synth:math`` or
+    ``subtask:json_extraction``): a mean over every kind hides which requests the drafter has not learnt."""
+
+    sequences: int
+    acceptance_by_position: list[float]
+    expected_tokens: float
+    initial_acceptance_by_position: list[float] | None = None
+    """With ``init_from``: the starting drafter's, on the same sequences."""
+
+
+@dataclass
 class DrafterTrainReport:
     steps: int
     seconds: float
@@ -94,6 +104,8 @@ class DrafterTrainReport:
     initial_acceptance_by_position: list[float] | None = None
     """With ``init_from``: the starting drafter's acceptance on the same held-out blocks, before this run."""
     curve: list[dict[str, float]] = field(default_factory=list)
+    acceptance_by_kind: dict[str, KindAcceptance] = field(default_factory=dict)
+    """By the corpus source of each held-out sequence (where the cache knows its keys)."""
 
 
 @dataclass
@@ -374,18 +386,46 @@ def train_drafter(
     return losses, start, curve
 
 
+def tokens_a_round(acceptance: list[float]) -> float:
+    """Tokens a round with the whole block verified, bonus included: 1 plus the sum of the prefix survivals."""
+    survival, expected = 1.0, 1.0
+    for rate in acceptance:
+        survival *= rate
+        expected += survival
+    return expected
+
+
+def held_out_kinds(cache: FeatureCache, held_out: list[int]) -> dict[str, list[int]]:
+    """Held-out sequences by corpus source, the part of their key before ``#`` (none where the cache has no keys)."""
+    kinds: dict[str, list[int]] = {}
+    for i in held_out if cache.keys is not None else []:
+        kinds.setdefault(cache.keys[i].rsplit("#", 1)[0], []).append(i)
+    return dict(sorted(kinds.items()))
+
+
+def acceptance_of_kinds(
+    drafter: DSparkDrafter,
+    cache: FeatureCache,
+    to_draft: torch.Tensor,
+    kinds: dict[str, list[int]],
+    config: DrafterTrainConfig,
+) -> dict[str, list[float]]:
+    """Acceptance by block position on each kind's held-out sequences, both halves: the temperatures STS fits on
+    one half change the confidence, never the acceptance, so every held-out sequence is a fair measurement."""
+    return {
+        kind: acceptance_by_position(confidence_records(drafter, cache, to_draft, rows, config))
+        for kind, rows in kinds.items()
+    }
+
+
 def run(
     loaded: LoadedModel, cache: FeatureCache, config: DrafterTrainConfig, draft_vocab: torch.Tensor | None
 ) -> DrafterTrainReport:
     """Drafter, loop, calibration, and the drafter folder (its own weights, bfloat16) with its report and curve."""
     torch.manual_seed(config.seed)
     loaded.model.requires_grad_(False)
-    held_out, training = split_sequences(cache.sequences, config.seed, config.holdout)
-    earlier = read_trained_on(config.init_from) if config.init_from is not None else frozenset()
-    if earlier and cache.keys is not None:  # measured on text no run in the drafter's lineage trained on
-        held_out = [i for i in held_out if cache.keys[i] not in earlier]
-        if not held_out:
-            raise ValueError(f"{config.init_from} trained on every held-out sequence: see train data --feature-skip")
+    lineage = Lineage.split(cache.keys, cache.sequences, config.seed, config.holdout, config.init_from)
+    held_out, training = lineage.held_out, lineage.training
     mask_token = loaded.tokenizer.pad_token_id
     if mask_token is None:
         mask_token = next(iter(loaded.eos_ids))
@@ -411,32 +451,34 @@ def run(
         raise ValueError(f"the feature cache holds layers {cache.layer_ids}, not {layer_ids}")
     drafter.to(loaded.device).bind_vocab()
     to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
-    initial = None
+    kinds = held_out_kinds(cache, held_out)
+    initial, initial_by_kind = None, {}
     if config.init_from is not None:
         measuring = held_out_halves(held_out)[1]
         initial = acceptance_by_position(confidence_records(drafter, cache, to_draft, measuring, config))
+        initial_by_kind = acceptance_of_kinds(drafter, cache, to_draft, kinds, config)
     started = time.perf_counter()
     losses, start, curve = train_drafter(drafter, cache, training, config)
     before, after, temperatures, acceptance = calibrate(drafter, cache, to_draft, held_out, config)
     drafter.save(config.output, dtype=torch.bfloat16)
-    if cache.keys is not None:
-        write_trained_on(config.output, earlier | {cache.keys[i] for i in training})
-    survival, expected = 1.0, 1.0
-    for rate in acceptance:
-        survival *= rate
-        expected += survival
+    lineage.record(config.output, cache.keys)
+    by_kind = {
+        kind: KindAcceptance(len(kinds[kind]), rates, tokens_a_round(rates), initial_by_kind.get(kind))
+        for kind, rates in acceptance_of_kinds(drafter, cache, to_draft, kinds, config).items()
+    }
     report = DrafterTrainReport(
         steps=curve[-1]["step"] if curve else start,
         seconds=time.perf_counter() - started,
         first_loss=losses[0] if losses and start == 0 else float("nan"),
         final_loss=sum(losses[-10:]) / len(losses[-10:]) if losses else float("nan"),
         acceptance_by_position=acceptance,
-        expected_tokens=expected,
+        expected_tokens=tokens_a_round(acceptance),
         ece_before=before,
         ece_after=after,
         temperatures=temperatures,
         initial_acceptance_by_position=initial,
         curve=curve,
+        acceptance_by_kind=by_kind,
     )
     write_report(config.output, REPORT_FILE, report, CURVE_PLOT, "published drafter")
     return report

@@ -12,7 +12,7 @@ vocabulary holds.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -24,12 +24,12 @@ from backends.loading import LoadedModel
 from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
+    Lineage,
     adamw,
     has_checkpoint,
     out_of_time,
     resume_trainer_state,
     save_trainer_state,
-    split_sequences,
     write_report,
 )
 from backends.training.drafter import lr_at, to_draft_index
@@ -55,6 +55,9 @@ class HeadsTrainConfig:
     autocast: bool = True
     max_seconds: float | None = None
     """Stop after this long, keeping what was learnt (a leased GPU's time is fixed in advance)."""
+    init_from: Path | None = None
+    """A folder of trained span heads to continue from (their count, draft vocabulary and tuned thresholds) instead
+    of fresh heads, as the published drafter's ``init_from``: heads that learnt one corpus go on over another."""
 
 
 @dataclass
@@ -65,6 +68,8 @@ class HeadsTrainReport:
     accuracy_by_head: list[float]
     """Held-out top-1 accuracy of head k against token t+2+k."""
     curve: list[dict[str, float]] = field(default_factory=list)
+    initial_accuracy_by_head: list[float] | None = None
+    """With ``init_from``: the starting heads' accuracy on the same held-out positions, before this run."""
 
 
 def answer_positions(cache: FeatureCache, rows: list[int], reach: int) -> torch.Tensor:
@@ -99,23 +104,33 @@ def run(
     """Heads, loop, held-out accuracy, and the heads' files (bfloat16) with their report and curve."""
     torch.manual_seed(config.seed)
     loaded.model.requires_grad_(False)
+    lm_head = loaded.model.get_output_embeddings()
+    if config.init_from is not None:
+        heads = SpanHeads.load(config.init_from, lm_head).float()
+        draft_vocab = getattr(heads, "draft_vocab", None)
+        config = replace(config, num_heads=heads.config.num_heads)
+    else:
+        heads = DSparkModel.with_new_heads(loaded, config.num_heads, draft_vocab).heads.float().to(loaded.device)
+    heads.bind_vocab(lm_head)
     reach = config.num_heads + 2
-    held_rows, training_rows = split_sequences(cache.sequences, config.seed, config.holdout)
-    held_out, training = answer_positions(cache, held_rows, reach), answer_positions(cache, training_rows, reach)
-    heads = DSparkModel.with_new_heads(loaded, config.num_heads, draft_vocab).heads.float().to(loaded.device)
-    heads.bind_vocab(loaded.model.get_output_embeddings())
+    lineage = Lineage.split(cache.keys, cache.sequences, config.seed, config.holdout, config.init_from)
+    held_out = answer_positions(cache, lineage.held_out, reach)
+    training = answer_positions(cache, lineage.training, reach)
+    to_draft = to_draft_index(lm_head.weight.shape[0], draft_vocab, cache.tokens.device)
+    autocast = torch.autocast(cache.tokens.device.type, dtype=torch.bfloat16, enabled=config.autocast)
+    initial = None
+    if config.init_from is not None:
+        initial = _held_out_accuracy(heads, cache, to_draft, held_out, config, autocast)
     heads.train()
-    to_draft = to_draft_index(loaded.model.get_output_embeddings().weight.shape[0], draft_vocab, cache.tokens.device)
     optimizer = adamw(heads.parameters(), config.lr)
     start, curve = 0, []
     if has_checkpoint(config.output):
         folder = config.output / CHECKPOINT_DIR
-        heads.load_state_dict(SpanHeads.load(folder, loaded.model.get_output_embeddings()).state_dict())
+        heads.load_state_dict(SpanHeads.load(folder, lm_head).state_dict())
         start, curve = resume_trainer_state(folder, optimizer)
     generator = torch.Generator().manual_seed(config.seed + start)
     started = time.perf_counter()
     ema: dict[str, float] = {}
-    autocast = torch.autocast(cache.tokens.device.type, dtype=torch.bfloat16, enabled=config.autocast)
     with JobProgress() as progress:
         task = progress.add_job("train (span heads)", total=config.steps, completed=start)
         for step in range(start, config.steps):
@@ -146,12 +161,14 @@ def run(
     heads.eval()
     accuracy = _held_out_accuracy(heads, cache, to_draft, held_out, config, autocast)
     heads.save(config.output, dtype=torch.bfloat16)
+    lineage.record(config.output, cache.keys)
     report = HeadsTrainReport(
         steps=curve[-1]["step"] if curve else start,
         seconds=time.perf_counter() - started,
         final_loss=ema.get("loss", float("nan")),
         accuracy_by_head=accuracy,
         curve=curve,
+        initial_accuracy_by_head=initial,
     )
     write_report(config.output, REPORT_FILE, report, CURVE_PLOT, "span heads")
     return report
