@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from backends.dspark.drafter import DSparkDrafter
 from backends.loading import LoadedModel
 from backends.progress import JobProgress
+from backends.scheduling import prefix_survival
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
     Lineage,
@@ -388,11 +389,7 @@ def train_drafter(
 
 def tokens_a_round(acceptance: list[float]) -> float:
     """Tokens a round with the whole block verified, bonus included: 1 plus the sum of the prefix survivals."""
-    survival, expected = 1.0, 1.0
-    for rate in acceptance:
-        survival *= rate
-        expected += survival
-    return expected
+    return 1.0 + sum(prefix_survival(acceptance))
 
 
 def held_out_kinds(cache: FeatureCache, held_out: list[int]) -> dict[str, list[int]]:
