@@ -17,6 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+Lookup = Literal["off", "beside", "only"]
+"""Blocks copied from the context: none, beside the drafter's, or only those."""
+
 TIE = 1e-9
 """Relative margin below which tau * SPS counts as not improved: a compute-bound forward ties exactly, in theory."""
 PROFILE_FILE = "dspark_sps.json"
@@ -153,7 +156,7 @@ class VerifySchedule:
     verification: Literal["exact", "confidence"] = "exact"
     draft_s: float = 0.0
     """Seconds of one drafter pass (measured when the drafter loads), which drafting must pay back."""
-    lookup: Literal["off", "beside", "only"] = "off"
+    lookup: Lookup = "off"
     """Blocks copied from the context (:mod:`backends.dspark.lookup`) beside the drafter's, or only those."""
 
     @property

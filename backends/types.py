@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from backends.errors import InvalidRequestError
+from backends.scheduling import Lookup
 
 MAX_TOKENS_LIMIT = 32_768
 TOOL_CHOICE_FORMS = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
@@ -108,7 +109,7 @@ class DSparkOptions(BaseModel):
         le=1.0,
         description="dspark drafter: verify up to the first c_k below this instead of the hardware-aware schedule",
     )
-    lookup: Literal["off", "beside", "only"] | None = Field(
+    lookup: Lookup | None = Field(
         default=None,
         description="dspark drafter: blocks copied from the context (n-gram lookup) beside the drafter's, "
         "whichever has been accepted more in this request, or only those",

@@ -193,9 +193,11 @@ def test_heads_save_and_load(tmp_path, tiny_model_paths):
     assert DSparkBackend(loaded).complete(request).token_ids == DSparkBackend(model).complete(request).token_ids
 
 
-def test_model_without_heads_is_refused(tiny_model_paths):
-    with pytest.raises(ModelLoadError, match="no DSpark heads"):
+def test_model_without_drafters_is_refused(tiny_model_paths):
+    with pytest.raises(ModelLoadError, match=r"neither span heads .* nor a published drafter"):
         DSparkBackend.from_pretrained(tiny_model_paths["llama"])
+    with pytest.raises(ModelLoadError, match="no DSpark heads"):
+        DSparkBackend.from_pretrained(tiny_model_paths["llama"], drafter="heads")
 
 
 def test_stop_strings_cut_spans(pair):

@@ -11,7 +11,7 @@ from scipy.stats import chisquare
 
 from backends import AutoregressiveBackend, GenerationRequest, InvalidRequestError
 from backends.dspark import published_decode
-from backends.dspark.backend import DSparkBackend
+from backends.dspark.backend import DEFAULT_DRAFTER, DEFAULT_LOOKUP, DSparkBackend
 from backends.dspark.drafter import SHARED_WEIGHTS, ContextCache, DSparkDrafter
 from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
 from backends.dspark.heads import DSparkConfig, SpanHeads
@@ -310,6 +310,10 @@ def test_pool_and_request_choose_the_drafter(tiny_model_paths, tmp_path):
     heads_only = DSparkBackend(backend.model)
     with pytest.raises(InvalidRequestError, match="no published drafter"):
         heads_only.complete(GenerationRequest(prompt="x", max_tokens=4, temperature=0.0, dspark={"drafter": "dspark"}))
+    unnamed = load_backend(PoolConfig(backend="dspark", model=str(folder)))
+    assert (unnamed.default, unnamed.schedule.lookup) == (DEFAULT_DRAFTER, DEFAULT_LOOKUP) == ("dspark", "beside")
+    off = load_backend(PoolConfig(backend="dspark", model=str(folder), decoding={"lookup": "off"}))
+    assert (off.default, off.schedule.lookup) == ("dspark", "off")
 
 
 def test_draft_probabilities_are_the_ones_sampled_from(qwen3_path):

@@ -341,10 +341,10 @@ def test_a_redis_pool_reports_the_load_its_workers_heartbeat(redis_url):
 
 
 def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_routes_on():
-    """The shipped classifier's speedups were measured in bfloat16 on a Xeon with AMX, where verifying 4 tokens
-    costs 1.06 steps; in float32 on an AMD EPYC it costs 1.8. A greedy one-sentence answer it expects 1.26x from
+    """The shipped classifier's speedups were measured on the packed engine on an Intel Xeon, where verifying 4
+    tokens costs 1.4 steps; in float32 on an AMD EPYC it costs 1.8. A greedy date rewrite it expects 1.01x from
     goes to DSpark on the first machine and to the standard pool on the second under the embedded default
-    (``time_saved``), while the threshold objective, whose score no curve carries, sends it to DSpark on both."""
+    (``time_saved``), while the threshold objective, whose score no curve carries, decides the same on both."""
     from backends.default_model import DEFAULT_DRAFTERS
     from backends.dspark.profile import stored_curves
     from backends.scheduling import scaled_speedup
@@ -356,20 +356,15 @@ def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_rou
         key: SpsCurve.from_stored(curve).monotone()
         for key, curve in stored_curves(DEFAULT_DRAFTERS / PROFILE_FILE).items()
     }
-    xeon = curves["cpu:Intel(R) Xeon(R) Processor|torch.bfloat16|threads=2"]
+    measured_on = curves[shipped.info["calibration_profile"]["machine"]]
     epyc = curves["cpu:AMD EPYC|torch.float32|threads=2"]
-    question = (
-        "Context: Mila Jensen is a 31-year-old chef from Lisbon. Question: What is the city? Answer in one sentence."
+    rewrite = (
+        "Rewrite every date in DD/MM/YYYY format.\n\nHiro Nguyen joined Initech as a engineer on 2023-01-18 with a "
+        "salary of 33000 JPY. Flight AF343 from Vienna to Berlin leaves on 2023-01-18 at 19:00."
     )
-    request = {
-        "messages": [
-            {"role": "system", "content": "Answer using only the given context."},
-            {"role": "user", "content": question},
-        ],
-        "temperature": 0,
-    }
+    request = {"messages": [{"role": "user", "content": rewrite}], "temperature": 0}
     expected = shipped.expected_speedup(request)
-    assert scaled_speedup(expected, xeon, epyc) < 1.0 < expected  # the case the objective decides
+    assert scaled_speedup(expected, measured_on, epyc) < 1.0 < expected  # the case the objective decides
     embedded = load_config(check_paths=False).policy
     assert embedded.objective == "time_saved"
 
@@ -380,7 +375,7 @@ def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_rou
         chosen = Policy(config.model_copy(update={"explore": 0.0}), shipped, estimator)
         return chosen.decide(parse_openai_args(request, POOLS)).pool
 
-    assert routed(embedded, xeon) == "dspark"
+    assert routed(embedded, measured_on) == "dspark"
     assert routed(embedded, epyc) == "standard"
     by_score = embedded.model_copy(update={"objective": "threshold"})
-    assert routed(by_score, xeon) == routed(by_score, epyc) == "dspark"
+    assert routed(by_score, measured_on) == routed(by_score, epyc)

@@ -46,7 +46,7 @@ class DSparkConfig:
         if not file.is_file():
             raise ModelLoadError(
                 f"{str(path)!r} has no DSpark heads ({CONFIG_FILE} missing); train them with "
-                "`dspark-router train --mode heads` or use the autoregressive backend",
+                "`dspark-router train heads` or use the autoregressive backend",
                 param="model",
             )
         raw = json.loads(file.read_text())
