@@ -5,9 +5,10 @@ Contenders, all on one model (the local ones share its weights; each has a batch
 
 * ``batched``: the standard pool's autoregressive backend, continuous batching;
 * ``sequential``: the same backend one request at a time (``max_batch: 1``);
-* ``dspark_scheduled``: the DSpark pool, the published drafter's drafts verified across the batch with
-  Algorithm 1 over the profiled cost curve (the span heads stand in when the model has no published drafter);
-* ``dspark_fixed``: the same drafter verifying its whole block whatever the load;
+* ``dspark_scheduled``: the DSpark pool as a pool loads it (its default drafter and copied blocks, see
+  :data:`backends.dspark.backend.DEFAULT_LOOKUP`), verified across the batch with Algorithm 1 over the profiled
+  cost curve;
+* ``dspark_fixed``: the same decoding verifying its whole block whatever the load;
 * ``transformers_serve``: ``transformers serve --continuous-batching`` on the same model, over loopback.
 
 At each concurrency C, C clients run a closed loop (a client sends its next request when the last one is
@@ -118,24 +119,23 @@ class LocalContenders:
     def __init__(self, model: Path, max_batch: int) -> None:
         from backends.autoregressive import AutoregressiveBackend
         from backends.dspark.backend import DSparkBackend
-        from backends.dspark.drafter_config import DRAFTER_DIR
         from backends.engine import BatchLimits
         from backends.scheduling import VerifySchedule
 
         limits = BatchLimits(max_batch=max_batch, max_queue=4 * max_batch)
-        drafter = "dspark" if (model / DRAFTER_DIR).is_dir() else "heads"
-        scheduled = DSparkBackend.from_pretrained(model, device="cpu", drafter=drafter, limits=limits)
+        scheduled = DSparkBackend.from_pretrained(model, device="cpu", limits=limits)
         loaded = scheduled.loaded
         fixed = DSparkBackend(
             scheduled.model,
             scheduled.policy,
             drafter=scheduled.drafter,
-            schedule=VerifySchedule(sps=None, verification="exact"),
-            default=drafter,
+            schedule=VerifySchedule(sps=None, verification="exact", lookup=scheduled.schedule.lookup),
+            default=scheduled.default,
             loaded=loaded,
             limits=limits,
         )
-        self.drafter = drafter
+        self.drafter = scheduled.default
+        self.lookup = scheduled.schedule.lookup
         self.backends = {
             "batched": AutoregressiveBackend(loaded, limits),
             "sequential": AutoregressiveBackend(loaded, BatchLimits(max_batch=1, max_queue=4 * max_batch)),
@@ -187,6 +187,7 @@ def run_benchmark(
     report: dict = {
         "model": str(model),
         "drafter": local.drafter,
+        "lookup": local.lookup,
         "window_s": window_s,
         "max_tokens": requests[0].max_tokens,
         "threads": threads,
@@ -258,7 +259,8 @@ def plot(report: dict, contenders: list[str], path: Path) -> None:
         right.legend(fontsize=8)
     else:
         right.text(0.5, 0.5, "no published drafter: nothing scheduled", ha="center", transform=right.transAxes)
-    fig.suptitle(f"bench batching: {Path(report['model']).name}, drafter {report['drafter']}, greedy")
+    decoding = f"drafter {report['drafter']}, lookup {report.get('lookup', 'off')}"
+    fig.suptitle(f"bench batching: {Path(report['model']).name}, {decoding}, greedy")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

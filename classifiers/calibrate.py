@@ -230,15 +230,17 @@ def measure(
     max_tokens: int = MAX_TOKENS,
     repeats: int = REPEATS,
     samples: int = SAMPLES,
-    on_skip: Callable[[Subtask, InvalidRequestError], None] | None = None,
+    on_skip: Callable[[Subtask, str], None] | None = None,
 ) -> Iterator[Measurement]:
     """One measurement per subtask, yielded as its block is taken (:func:`in_blocks`). A subtask the model cannot
-    take (prompt longer than its context) is skipped and handed to ``on_skip``.
+    take (prompt longer than its context) is skipped and handed to ``on_skip`` with the reason.
 
     A measurement whose forwards ran :data:`DISTURBED` times slower than the usual on either pool was disturbed
     (another process took the cores for a while: seen here as 10 s for 10 tokens, a 22x "speedup") and is taken
     again, up to :data:`RETRIES` times, keeping the least disturbed: one such record would outweigh dozens of
-    clean ones in the time the router learns to save. Each subtask's seed comes from its request, so a resumed
+    clean ones in the time the router learns to save. One still disturbed after its retries (the machine stalled
+    for a minute: seen here as 19 s for a 0.25 s subtask on both pools) is skipped like a refused one, so a
+    ``--resume`` measures it again. Each subtask's seed comes from its request, so a resumed
     or partial run draws what a whole run draws."""
     warmup = GenerationRequest(
         messages=[{"role": "user", "content": "Say hello."}], max_tokens=WARMUP_TOKENS, temperature=0.0
@@ -266,7 +268,7 @@ def measure(
     for (subtask, _), record, request, runs in zip(subtasks, records, requests, taken, strict=True):
         if isinstance(runs, InvalidRequestError):
             if on_skip is not None:
-                on_skip(subtask, runs)
+                on_skip(subtask, runs.message)
             continue
         speedup, stats = summarise(runs)
         best = (_disturbance(_seconds_per_forward(stats), typical), speedup, stats)
@@ -278,7 +280,11 @@ def measure(
                 speedup, stats = summarise(again)
                 candidate = (_disturbance(_seconds_per_forward(stats), typical), speedup, stats)
                 best = min(best, candidate, key=lambda taken: taken[0])
-        _, speedup, stats = best
+        disturbance, speedup, stats = best
+        if disturbance >= DISTURBED:
+            if on_skip is not None:
+                on_skip(subtask, f"its forwards ran {disturbance:.0f}x slower than usual on all {RETRIES + 1} tries")
+            continue
         for name, seconds in _seconds_per_forward(stats).items():
             typical[name].append(seconds)
         yield record.model_copy(update={"speedup": speedup, "stats": stats})
@@ -295,8 +301,8 @@ def measure_with_progress(
     """:func:`measure` behind a progress bar that shows the running median speedup."""
     speedups: list[float] = []
 
-    def skip(subtask: Subtask, exc: InvalidRequestError) -> None:
-        console.print(f"[yellow]skipped {subtask.template}: {exc.message}")
+    def skip(subtask: Subtask, reason: str) -> None:
+        console.print(f"[yellow]skipped {subtask.template}: {reason}")
         progress.step(task)
 
     with JobProgress() as progress:

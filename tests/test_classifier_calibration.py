@@ -210,22 +210,22 @@ def test_bench_route_refuses_one_fold(calibrated, capsys):
     assert json.loads(capsys.readouterr().err.strip().splitlines()[-1])["error"]["param"] == "cv_folds"
 
 
-def test_cross_validation_on_the_shipped_measurements_routes_far_better_than_all_dspark():
+def test_cross_validation_on_the_shipped_measurements_saves_time_against_the_standard_pool():
     """Template-grouped folds of the shipped measurements, refitted as calibrate fits: every template is held
-    out once. The shipped measurements are the hybrid's on an Intel Xeon whose 300 MB L3 holds the packed
-    weights, where a plain step takes 3.4 ms and DSpark's median speedup by kind is 0.74x (brainstorming) to
-    1.01x (code edits): DSpark pays on 15% of subtasks. On held-out templates the classifier's scores must rank
-    the faster subtasks (AUROC 0.77), its routing must cost a small fraction of what sending everything to
-    DSpark costs (over the 660 subtasks -0.11 of the oracle's saving, all-DSpark -3.9), and its expected-gain
+    out once. The shipped measurements are the pools' default (copied blocks alone) on an Intel Xeon whose 300 MB
+    L3 holds the packed weights, where a plain step takes 2.6-3.4 ms and DSpark's median speedup by kind is 0.88x
+    (brainstorming) to 1.12x (code edits): DSpark is faster on a third of the subtasks, mostly by little, and 48
+    of them measured twice correlate only 0.61 in log speedup. On held-out templates the classifier's scores must
+    still rank the faster subtasks (AUROC 0.69), its routing must save time against the standard pool where
+    sending everything to DSpark loses it (0.20 of the oracle's saving, all-DSpark -0.80), and its expected-gain
     model, what the default ``time_saved`` objective routes by, must rank speedups it never saw (log correlation
-    0.42)."""
+    0.29, half the retest's)."""
     records, _ = read_measurements(DEFAULT_MEASUREMENTS)
     summary = cross_validate(records, DEFAULT_MARGIN, threshold=None, folds=5)
     assert summary["folds"] == 5 and summary["subtasks"] == len(records)
-    assert summary["oracle_gain_ratio_folds"] >= 1 and summary["auroc_mean"] > 0.65
-    all_dspark = summary["all_dspark_gain_ratio_mean"]  # where DSpark mostly pays, come within a tenth of it
-    assert summary["oracle_gain_ratio_mean"] > (0.9 if all_dspark > 0 else 0.1) * all_dspark
-    assert summary["gain_log_correlation"] > 0.3
+    assert summary["oracle_gain_ratio_folds"] >= 1 and summary["auroc_mean"] > 0.6
+    assert summary["oracle_gain_ratio_mean"] > max(0.0, 0.9 * summary["all_dspark_gain_ratio_mean"])
+    assert summary["gain_log_correlation"] > 0.2
     by_kind = summary["by_kind"]
     assert sum(row["subtasks"] for row in by_kind.values()) == len(records)
     for row in by_kind.values():  # what was sent saves its gains and pays its losses; the rest was missed
@@ -253,3 +253,35 @@ def test_time_over_the_oracle_is_one_only_for_the_oracle_s_own_routing():
     assert time_over_oracle(records, faster) == pytest.approx(1.0)
     for routed in (~faster, np.ones(len(records), dtype=bool), np.zeros(len(records), dtype=bool)):
         assert time_over_oracle(records, routed) > 1.0
+
+
+class Stalled:
+    """A real pool whose runs, once ``stalled`` is set, report the times of a machine another process holds: the
+    filter under test reads only the times."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.loaded, self.stalled = backend, backend.loaded, False
+
+    def complete(self, request):
+        result = self.backend.complete(request)
+        if self.stalled:
+            result.stats.wall_time_s *= 50
+        return result
+
+
+def test_a_subtask_still_disturbed_after_its_retries_is_skipped_not_kept(calibrated):
+    from backends.corpus.subtasks import read_jsonl
+    from classifiers.calibrate import BLOCK, RETRIES, TYPICAL_AFTER, load_pools, measure
+
+    root, _ = calibrated
+    subtasks = [(subtask, "train") for subtask in read_jsonl(root / "c.jsonl")] * 2
+    assert TYPICAL_AFTER < BLOCK < len(subtasks)
+    pools = load_pools(str(root / "tiny-dspark"))
+    pools["standard"] = Stalled(pools["standard"])
+    skipped: list[str] = []
+    records = []
+    for record in measure(pools, subtasks, max_tokens=8, on_skip=lambda subtask, why: skipped.append(why)):
+        records.append(record)
+        pools["standard"].stalled = len(records) == BLOCK  # the first block is clean, every later run stalls
+    assert len(records) == BLOCK and len(skipped) == len(subtasks) - BLOCK
+    assert all(f"x slower than usual on all {RETRIES + 1} tries" in why for why in skipped)

@@ -311,9 +311,10 @@ def test_pool_and_request_choose_the_drafter(tiny_model_paths, tmp_path):
     with pytest.raises(InvalidRequestError, match="no published drafter"):
         heads_only.complete(GenerationRequest(prompt="x", max_tokens=4, temperature=0.0, dspark={"drafter": "dspark"}))
     unnamed = load_backend(PoolConfig(backend="dspark", model=str(folder)))
-    assert (unnamed.default, unnamed.schedule.lookup) == (DEFAULT_DRAFTER, DEFAULT_LOOKUP) == ("dspark", "beside")
-    off = load_backend(PoolConfig(backend="dspark", model=str(folder), decoding={"lookup": "off"}))
-    assert (off.default, off.schedule.lookup) == ("dspark", "off")
+    assert (unnamed.default, unnamed.schedule.lookup) == (DEFAULT_DRAFTER, DEFAULT_LOOKUP) == ("dspark", "only")
+    assert unnamed.draft_s == 0.0  # copies are looked up: no drafter pass for the router to weigh
+    hybrid = load_backend(PoolConfig(backend="dspark", model=str(folder), decoding={"lookup": "beside"}))
+    assert (hybrid.default, hybrid.schedule.lookup) == ("dspark", "beside") and hybrid.draft_s > 0
 
 
 def test_draft_probabilities_are_the_ones_sampled_from(qwen3_path):

@@ -35,11 +35,14 @@ from backends.types import DSparkOptions, GenerationRequest, GenerationStats
 
 Drafter = Literal["heads", "dspark"]
 DEFAULT_DRAFTER: Drafter = "dspark"
-DEFAULT_LOOKUP: Lookup = "beside"
+DEFAULT_LOOKUP: Lookup = "only"
 """The decoding a pool uses when its config names none and the model folder carries that drafter: whichever
-variant was fastest on ``bench decode`` with the shipped model (see the README). The published drafter with
-blocks copied from the context beside its own (the hybrid) was faster than the span heads on all 12 sets, on a
-Zen 4 and a Zen 5 EPYC; a pool's ``decoding.lookup`` or a request's ``dspark.lookup`` still picks another."""
+variant was fastest on ``bench decode`` with the shipped model (see the README). Blocks copied from the context
+alone were the fastest on 11 of 12 sets on an Intel Xeon and on 9 of 12 on a Zen 5 EPYC, and on the classifier's
+subtasks: on these 2-core CPUs the published drafter's pass costs about half a target step, and the hybrid's
+per-round choice does not yet make it pay back. The published drafter stays loaded, so a pool's
+``decoding.lookup`` or a request's ``dspark.lookup`` (``beside``: the hybrid; ``off``: the drafter alone) picks it
+without naming a drafter; the hybrid was faster than the span heads on all 12 sets on all three CPUs."""
 
 
 class DSparkBackend(LocalBackend):
@@ -142,8 +145,8 @@ class DSparkBackend(LocalBackend):
     @property
     def draft_s(self) -> float:
         """Seconds of drafting a round costs outside the target's forward: the published drafter's pass; span
-        heads draft inside the forward, so nothing."""
-        return self.schedule.draft_s if self.default == "dspark" else 0.0
+        heads draft inside the forward and copied blocks alone are looked up, so nothing."""
+        return self.schedule.draft_s if self.default == "dspark" and self.schedule.lookup != "only" else 0.0
 
     def with_options(self, options: DSparkOptions | None) -> DSparkBackend:
         """This backend with a pool's ``decoding`` options as its defaults (a request may still override them)."""
