@@ -195,10 +195,7 @@ def _timed_s(work: Callable[[], object], device: torch.device) -> float:
 
 
 def _median_s(
-    work: Callable[[], object],
-    repeats: int,
-    device: torch.device,
-    reset: Callable[[], object] | None = None,
+    work: Callable[[], object], repeats: int, device: torch.device, reset: Callable[[], object] | None = None
 ) -> float:
     """The median of ``repeats`` timings after one untimed call; ``reset`` (a KV cache's crop) runs after each,
     untimed."""
