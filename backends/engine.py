@@ -40,10 +40,13 @@ from backends.scheduling import schedule_batch
 from backends.sequence import Sequence
 from backends.steps import Budget, Forward, Rewind, Schedule
 
-IDLE_EXIT_S = 1.0
+IDLE_EXIT_S = 0.02
 """An engine's thread ends after this long with nothing to do; the next request starts a new one. Short, because
 an idle thread keeps its OpenMP team, and one team too many slows every other engine in the process
-(:mod:`backends.threads`); starting a new one took 0.3 ms here."""
+(:mod:`backends.threads`): with 1 s here, a request on one backend right after a request on another (a
+benchmark's interleaved contenders, calibration's two pools) ran at about half speed for that second (AMD EPYC
+Zen 4, 2 cores: plain decoding 110 tok/s against 210). A new thread with its OpenMP team costs about 0.45 ms
+there, which a request of even a few tokens dwarfs, and a busy engine never idles, so only a lull pays it."""
 
 
 @dataclass(frozen=True)

@@ -649,9 +649,9 @@ def render(results: Path, runs: dict[str, Any], base: Path) -> str:
         "from it. Speedups are ratios of contenders measured side by side in one run, interleaved.",
         "",
         "Each section names the machine it ran on and what served the model: machines and engines differ in what "
-        "a forward of several tokens costs against one (on the packed engine a verifying pass of 8 tokens costs 2.5 "
-        "single steps on a Zen 4 EPYC, 1.5 on a Zen 5 and 2.7 on a Xeon whose L3 holds the weights, and 1.1 in "
-        "bfloat16 on transformers, whose single step is 11 times slower), and that ratio decides what speculative "
+        "a forward of several tokens costs against one (on the packed engine a verifying pass of 8 tokens costs "
+        "1.9-2.5 single steps on a Zen 4 EPYC, 1.5 on a Zen 5 and 2.7 on a Xeon whose L3 holds the weights, and 1.1 "
+        "in bfloat16 on transformers, whose single step is 11 times slower), and that ratio decides what speculative "
         "decoding can gain.",
         "",
     ]

@@ -52,6 +52,8 @@ DISTURBED = 2.0
 BLOCK = 8
 RETRIES = 2
 TYPICAL_AFTER = 5
+MIN_FORWARDS = 4
+"""Forwards a pool's run needs for its disturbance to be judged: the prompt's and at least three more."""
 
 
 def calibration_request(subtask: Subtask, max_tokens: int, seed: int) -> GenerationRequest:
@@ -76,6 +78,7 @@ def _pool_stats(results: Sequence[GenerationResult]) -> dict[str, float | int | 
     tokens = sum(result.usage.completion_tokens for result in results) / n
     stats = {
         "wall_time_s": wall_time_s,
+        "first_token_s": sum(result.stats.time_to_first_token_s or 0.0 for result in results) / n,
         "tokens_per_s": tokens / wall_time_s if wall_time_s > 0 else 0.0,
         "completion_tokens": tokens,
         "forward_passes": sum(result.stats.forward_passes for result in results) / n,
@@ -114,12 +117,13 @@ def block_runs(
     """Every request of a block on one pool, then every request on the other (``first`` first): per request, the
     fastest of ``repeats`` runs for each seed, or the error that refused it.
 
-    Pools take turns by block, never by request, because a run right after a run of the other decode loop is
+    Pools take turns by block, never by request, because a run right after a run of the other pool was once
     about 18% slower than one after its own (same prompt, 64 tokens, bfloat16 on AMX: 2.9 s against 2.5 s for
-    plain decoding, 2.7 s against 2.3 s for DSpark). Alternating per request put that toll on one pool or the
+    plain decoding, 2.7 s against 2.3 s for DSpark): the other engine's idle thread still held its OpenMP team
+    (:data:`backends.engine.IDLE_EXIT_S`, then 1 s). Alternating per request put that toll on one pool or the
     other by the request's parity: the same greedy subtask measured 1.73x with DSpark run first and 1.09x with it
-    second. Each pool's turn starts with one untimed run of the block's first request, so no timed run follows
-    the other loop."""
+    second. Each pool's turn starts with one untimed run of the block's first request, so whatever the switch
+    still costs falls on no timed run."""
     runs: list[Runs | InvalidRequestError] = [{} for _ in requests]
     for name in [first, *(name for name in pools if name != first)]:
         settled = False
@@ -210,7 +214,15 @@ def carried_to(
 
 
 def _seconds_per_forward(stats: dict[str, dict]) -> dict[str, float]:
-    return {name: pool["wall_time_s"] / max(pool["forward_passes"], 1) for name, pool in stats.items()}
+    """Per pool, the mean seconds of a forward after the first token, the step a disturbance slows alike on every
+    subtask; a pool with too few such forwards to tell is left out. Not the whole run's time per forward: the
+    prompt's pass weighs in that by the prompt's length, and a subtask with a long prompt and a one-word answer
+    (a classification) then ran "4x slower than usual" on an AMD EPYC Zen 4 on every try, undisturbed."""
+    return {
+        name: (pool["wall_time_s"] - pool["first_token_s"]) / (pool["forward_passes"] - 1)
+        for name, pool in stats.items()
+        if pool["forward_passes"] >= MIN_FORWARDS
+    }
 
 
 def _disturbance(per_forward: dict[str, float], typical: dict[str, list[float]]) -> float:

@@ -315,6 +315,33 @@ def test_a_request_that_stopped_drafting_probes_again_and_recovers():
     assert draft_budget(flat, 1, 7, survival.expected(), draft_s=0.01) > 0
 
 
+def test_a_probe_that_does_not_reopen_drafting_doubles_the_wait_for_the_next():
+    """A request the drafter cannot help pays for fewer and fewer probes; one that reopens drafting brings the
+    wait back to ``PROBE_AFTER``."""
+    flat = SpsCurve({n: 100.0 for n in range(1, 65)})
+    survival = published_decode.RecentSurvival()
+    for _ in range(6):
+        survival.add([0.3] * 7)
+
+    def rounds_until_a_probe() -> int:
+        skipped = 0
+        while not (budget := draft_budget(flat, 1, 7, survival.expected(), draft_s=0.01)):
+            survival.drafted(budget)
+            skipped += 1
+        survival.drafted(budget)
+        return skipped
+
+    gaps = []
+    for _ in range(4):
+        gaps.append(rounds_until_a_probe())
+        survival.add([0.3] * 7)  # the probe's draft failed too
+    assert gaps == [8, 16, 32, 64]
+    assert rounds_until_a_probe() == survival.LONGEST_WAIT
+    survival.add([0.97] * 7)
+    assert rounds_until_a_probe() == 0, "a good probe reopens drafting at once"
+    assert survival.wait == survival.PROBE_AFTER
+
+
 def test_the_batch_keeps_its_cache_compact(heads_model):
     """Rejected drafts leave holes among other rows' slots; compaction keeps the cache near the longest row."""
     backend = _backends(heads_model)["heads"]

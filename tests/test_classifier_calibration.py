@@ -285,3 +285,19 @@ def test_a_subtask_still_disturbed_after_its_retries_is_skipped_not_kept(calibra
         pools["standard"].stalled = len(records) == BLOCK  # the first block is clean, every later run stalls
     assert len(records) == BLOCK and len(skipped) == len(subtasks) - BLOCK
     assert all(f"x slower than usual on all {RETRIES + 1} tries" in why for why in skipped)
+
+
+def test_disturbance_reads_the_forwards_after_the_prompt_s():
+    """A long prompt's pass is not a disturbance: the time a forward takes is read after the first token, and
+    only where a run had enough forwards to tell."""
+    from classifiers.calibrate import _disturbance, _seconds_per_forward
+
+    typical = {"standard": [0.01] * 5, "dspark": [0.02] * 5}
+    long_prompt = {
+        "standard": {"wall_time_s": 0.95, "first_token_s": 0.9, "forward_passes": 6},
+        "dspark": {"wall_time_s": 0.93, "first_token_s": 0.92, "forward_passes": 2},
+    }
+    assert _seconds_per_forward(long_prompt) == pytest.approx({"standard": 0.01})
+    assert _disturbance(_seconds_per_forward(long_prompt), typical) == pytest.approx(1.0)
+    stalled = {"standard": {"wall_time_s": 5.0, "first_token_s": 0.1, "forward_passes": 6}}
+    assert _disturbance(_seconds_per_forward(stalled), typical) > 50

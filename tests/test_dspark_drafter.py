@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -19,7 +20,7 @@ from backends.dspark.model import DSparkModel
 from backends.dspark.profile import PROFILE_FILE, load_or_profile, machine_key
 from backends.loading import load_model
 from backends.modelfactory import build_model, save_pretrained
-from backends.scheduling import SpsCurve, VerifySchedule, choose_lengths
+from backends.scheduling import DraftCost, SpsCurve, VerifySchedule, choose_lengths
 from router.config import PoolConfig
 from router.pools import load_backend
 from tests.conftest import ARCHITECTURES
@@ -114,7 +115,7 @@ SCHEDULES = {
 @pytest.mark.parametrize("schedule", SCHEDULES.values(), ids=SCHEDULES.keys())
 def test_greedy_published_drafter_equals_greedy_ar(pair, schedule):
     ar, dspark = pair
-    dspark.schedule = schedule
+    dspark.schedule, dspark.draft_cost = schedule, DraftCost(schedule.draft_s)
     rejected = accepted = skipped = copied = 0
     for prompt in PROMPTS:
         request = GenerationRequest(prompt=prompt, max_tokens=40, temperature=0.0)
@@ -136,6 +137,36 @@ def test_greedy_published_drafter_equals_greedy_ar(pair, schedule):
     # the sampled test instead.
     assert rejected or schedule.lookup == "only", "no draft token was ever rejected: rollback went untested"
     assert accepted, "no draft token was ever accepted: multi-token commits went untested"
+
+
+def test_the_budget_weighs_a_drafter_pass_at_its_cost_in_the_loop(qwen3_path):
+    """A drafter pass is weighed at what passes have cost in this pool's loops, not at the load-time figure: two
+    pools whose drafters both measured free at load, one of which really takes 30 ms a pass (a forward costs 10
+    ms on this profile). The dear one learns its cost and skips its drafter where the survival cannot pay for
+    it; the cheap one keeps drafting. The router's ``draft_s`` is the measured figure."""
+    ar = AutoregressiveBackend.from_pretrained(qwen3_path)
+    schedule = VerifySchedule(sps=SpsCurve({b: 100.0 for b in range(1, 9)}), draft_s=0.0, lookup="off")
+    pools = {}
+    for name, pause in (("cheap", 0.0), ("dear", 0.03)):
+        drafter = perturbed_drafter(ar.loaded)
+        hidden = drafter.draft_hidden
+
+        def paused(*args, hidden=hidden, pause=pause, **kwargs):
+            time.sleep(pause)
+            return hidden(*args, **kwargs)
+
+        drafter.draft_hidden = paused
+        pools[name] = DSparkBackend(None, drafter=drafter, schedule=schedule, default="dspark", loaded=ar.loaded)
+    drafted = {name: 0 for name in pools}
+    for prompt in PROMPTS:
+        request = GenerationRequest(prompt=prompt, max_tokens=40, temperature=0.0)
+        reference = ar.complete(request).token_ids
+        for name, pool in pools.items():
+            result = pool.complete(request)
+            assert result.token_ids == reference
+            drafted[name] += result.stats.spans.steps - result.stats.spans.fallback_steps
+    assert pools["dear"].draft_s == pools["dear"].draft_cost.seconds > 0.01 > pools["cheap"].draft_s
+    assert drafted["cheap"] > 1.5 * drafted["dear"], drafted
 
 
 def _block_counts(backend: DSparkBackend, trials: int, prompt: str = "def") -> dict[tuple[int, ...], int]:

@@ -28,7 +28,7 @@ from backends.engine import BatchLimits
 from backends.errors import InvalidRequestError, ModelLoadError
 from backends.loading import LoadedModel, load_shared
 from backends.local import LocalBackend
-from backends.scheduling import Lookup, VerifySchedule
+from backends.scheduling import DraftCost, Lookup, VerifySchedule
 from backends.steps import DecodeLoop
 from backends.threads import on_own_thread
 from backends.types import DSparkOptions, GenerationRequest, GenerationStats
@@ -38,9 +38,10 @@ DEFAULT_DRAFTER: Drafter = "dspark"
 DEFAULT_LOOKUP: Lookup = "only"
 """The decoding a pool uses when its config names none and the model folder carries that drafter: whichever
 variant was fastest on ``bench decode`` with the shipped model (see the README). Blocks copied from the context
-alone were the fastest on 11 of 12 sets on an Intel Xeon and on 9 of 12 on a Zen 5 EPYC, and on the classifier's
-subtasks: on these 2-core CPUs the published drafter's pass costs about half a target step, and the hybrid's
-per-round choice does not yet make it pay back. The published drafter stays loaded, so a pool's
+alone were the fastest on 11 of 12 sets on an Intel Xeon, on 9 of 12 on a Zen 5 EPYC and on 9 of 12 on a Zen 4
+(the hybrid on the other 3, at 0.91-1.07x the faster of copies alone and the drafter alone), and on the
+classifier's subtasks: on these 2-core CPUs the published drafter's pass costs about a target step, and the
+hybrid's per-round choice does not yet make it pay back everywhere. The published drafter stays loaded, so a pool's
 ``decoding.lookup`` or a request's ``dspark.lookup`` (``beside``: the hybrid; ``off``: the drafter alone) picks it
 without naming a drafter; the hybrid was faster than the span heads on all 12 sets on all three CPUs."""
 
@@ -58,6 +59,7 @@ class DSparkBackend(LocalBackend):
         default: Drafter = "heads",
         loaded: LoadedModel | None = None,
         limits: BatchLimits | None = None,
+        draft_cost: DraftCost | None = None,
     ) -> None:
         if (model if default == "heads" else drafter) is None:
             raise ModelLoadError(f"a DSpark backend with drafter {default!r} needs that drafter", param="model")
@@ -65,6 +67,8 @@ class DSparkBackend(LocalBackend):
         self.model = model
         self.drafter = drafter
         self.schedule = schedule or VerifySchedule()
+        self.draft_cost = draft_cost or DraftCost(self.schedule.draft_s)
+        """The published drafter's pass as measured in this pool's loops, shared by every request."""
         self.default: Drafter = default
         self.policy = policy
         if model is not None and policy is None:
@@ -146,7 +150,7 @@ class DSparkBackend(LocalBackend):
     def draft_s(self) -> float:
         """Seconds of drafting a round costs outside the target's forward: the published drafter's pass; span
         heads draft inside the forward and copied blocks alone are looked up, so nothing."""
-        return self.schedule.draft_s if self.default == "dspark" and self.schedule.lookup != "only" else 0.0
+        return self.draft_cost.seconds if self.default == "dspark" and self.schedule.lookup != "only" else 0.0
 
     def with_options(self, options: DSparkOptions | None) -> DSparkBackend:
         """This backend with a pool's ``decoding`` options as its defaults (a request may still override them)."""
@@ -163,6 +167,7 @@ class DSparkBackend(LocalBackend):
             default=options.drafter or self.default,
             loaded=self.loaded,
             limits=self.engine.limits,
+            draft_cost=self.draft_cost,
         )
 
     def _require(self, drafter: Drafter) -> None:
@@ -185,7 +190,7 @@ class DSparkBackend(LocalBackend):
         if choice == "dspark":
             schedule = resolve_schedule(self.schedule, request.dspark)
             return published_decode.decode(
-                self.loaded, self.drafter, prompt, request, schedule, generator, stats, constraint
+                self.loaded, self.drafter, prompt, request, schedule, generator, stats, constraint, self.draft_cost
             )
         policy = SpanPolicy.resolve(self.policy, request.dspark, self.model.dspark_config.num_heads)
         return decode(self.model, prompt, request, policy, generator, stats, constraint)
