@@ -341,8 +341,8 @@ def test_a_redis_pool_reports_the_load_its_workers_heartbeat(redis_url):
 
 
 def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_routes_on():
-    """The shipped classifier's speedups were measured on the packed engine on an Intel Xeon, where verifying 4
-    tokens costs 1.4 steps; in float32 on an AMD EPYC it costs 1.8. A greedy date rewrite it expects 1.02x from
+    """The shipped classifier's speedups were measured on the packed engine on an AMD EPYC, where verifying 4
+    tokens costs 1.16 steps; in float32 on an AMD EPYC it costs 1.54. A greedy date rewrite it expects 1.29x from
     goes to DSpark on the first machine and to the standard pool on the second under the embedded default
     (``time_saved``), while the threshold objective, whose score no curve carries, decides the same on both."""
     from backends.default_model import DEFAULT_DRAFTERS
