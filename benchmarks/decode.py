@@ -65,9 +65,15 @@ n-gram lookup verified in the same loop, which needs no training)."""
 
 @dataclass
 class Run:
+    """One contender's answer to one prompt. ``committed`` and ``forwards`` are counted where a peer drafts (its
+    tokens, the end-of-sequence token included, and the target's forwards, the prompt's included), to set its
+    tokens per verifying forward beside our rounds'."""
+
     tokens: list[int]
     seconds: float
     spans: SpanStats | None = None
+    committed: int | None = None
+    forwards: int | None = None
 
 
 @dataclass
@@ -82,10 +88,16 @@ class Tally:
     fallback: int = 0
     reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
+    peer_tokens: int = 0
+    peer_forwards: int = 0
 
     def add(self, run: Run) -> None:
         self.tokens += len(run.tokens)
         self.seconds += run.seconds
+        if run.committed is not None and run.forwards is not None:
+            # the prompt's forward commits the first token; every later one is a verifying forward
+            self.peer_tokens += run.committed - 1
+            self.peer_forwards += run.forwards - 1
         spans = run.spans
         if spans is None:
             return
@@ -99,6 +111,12 @@ class Tally:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
+
+    @property
+    def tokens_per_forward(self) -> float | None:
+        """A drafting peer's tokens committed per verifying forward (None where none was counted): what our
+        rounds' ``mean_accepted`` counts, bonus token included."""
+        return self.peer_tokens / self.peer_forwards if self.peer_forwards else None
 
     def drafter_summary(self) -> dict:
         """Per-round means over every round of the set (None where no round ran)."""
@@ -178,8 +196,8 @@ class Contenders:
     def _llama_cpp(self, peer: LlamaCppPeer, request: GenerationRequest) -> Run:
         """llama.cpp from the same chat-templated ids, on a thread that ends with it (as every call here)."""
         prompt = prompt_ids(self.dspark.loaded, request)
-        tokens, seconds = on_own_thread(lambda: peer.run(prompt, request), name="llama-cpp")
-        return Run(tokens=tokens, seconds=seconds)
+        answer = on_own_thread(lambda: peer.run(prompt, request), name="llama-cpp")
+        return Run(answer.tokens, answer.seconds, committed=answer.committed, forwards=answer.forwards)
 
     def _hf(self, request: GenerationRequest, **options) -> Run:
         """transformers' ``generate`` on a thread that ends with it, as every torch call here outside the decode
@@ -194,19 +212,25 @@ class Contenders:
         )
         if not request.greedy:
             torch.manual_seed(request.seed or 0)
+        forwards = []
+        counter = loaded.model.register_forward_pre_hook(lambda *_: forwards.append(1))
         started = time.perf_counter()
-        out = loaded.model.generate(
-            input_ids=ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=request.max_tokens,
-            eos_token_id=sorted(loaded.eos_ids),
-            pad_token_id=loaded.tokenizer.pad_token_id,
-            **sampling,
-            **options,
-        )
+        try:
+            out = loaded.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=request.max_tokens,
+                eos_token_id=sorted(loaded.eos_ids),
+                pad_token_id=loaded.tokenizer.pad_token_id,
+                **sampling,
+                **options,
+            )
+        finally:
+            counter.remove()
         seconds = time.perf_counter() - started
         tokens = out[0, ids.shape[1] :].tolist()
-        return Run(tokens=[t for t in tokens if t not in loaded.eos_ids], seconds=seconds)
+        kept = [t for t in tokens if t not in loaded.eos_ids]
+        return Run(tokens=kept, seconds=seconds, committed=len(tokens), forwards=len(forwards))
 
     def probe(self, drafter: str, request: GenerationRequest, reference: list[int]) -> decode_probe.ProbeRows:
         """The teacher-forced probe of ``drafter`` on the prompt of ``request`` and its greedy reference."""
@@ -270,6 +294,9 @@ def set_summary(
         "temperature": prompt_set.temperature,
         "prompts": len(prompt_set.requests),
         "tokens_per_s": {name: tally.tokens_per_s for name, tally in tallies.items()},
+        "peer_tokens_per_forward": {
+            name: tally.tokens_per_forward for name, tally in tallies.items() if tally.tokens_per_forward is not None
+        },
         "ar_vs_llama_cpp": ar / llama_cpp if llama_cpp else None,
         "drafters": {},
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,6 +34,17 @@ def gguf_for(model: Path, given: Path | None) -> Path | None:
     return None
 
 
+@dataclass(frozen=True)
+class Answer:
+    """What one request decoded: its tokens (up to end-of-sequence), the seconds it took, and the tokens llama.cpp
+    committed (end-of-sequence included) over the forwards it ran (``eval`` calls, the prompt's included)."""
+
+    tokens: list[int]
+    seconds: float
+    committed: int
+    forwards: int
+
+
 class LlamaCppPeer:
     """One llama.cpp model; ``run`` decodes a request's prompt ids to EOS or ``max_tokens``."""
 
@@ -51,14 +63,23 @@ class LlamaCppPeer:
             verbose=False,
         )
         self.eos_ids = eos_ids
+        self.forwards = 0
+        evaluate = self.llm.eval
 
-    def run(self, prompt: list[int], request: GenerationRequest) -> tuple[list[int], float]:
+        def counted_eval(tokens):
+            self.forwards += 1
+            return evaluate(tokens)
+
+        self.llm.eval = counted_eval  # generate() runs each forward, a draft's verification too, as one eval
+
+    def run(self, prompt: list[int], request: GenerationRequest) -> Answer:
         """The tokens decoded and the seconds it took, prompt evaluation included (as our backends' wall time is).
         The cache is reset first, so no prompt prefix is reused from the request before."""
         self.llm.reset()
         if not request.greedy:
             self.llm.set_seed(request.seed or 0)
         tokens: list[int] = []
+        committed, self.forwards = 0, 0
         started = time.perf_counter()
         for token in self.llm.generate(
             prompt,
@@ -69,9 +90,10 @@ class LlamaCppPeer:
             repeat_penalty=1.0,
             reset=False,
         ):
+            committed += 1
             if token in self.eos_ids:
                 break
             tokens.append(token)
             if len(tokens) >= request.max_tokens:
                 break
-        return tokens, time.perf_counter() - started
+        return Answer(tokens, time.perf_counter() - started, committed, self.forwards)

@@ -21,7 +21,8 @@ import torch
 
 from backends.default_model import DEFAULT_DRAFTERS, DEFAULT_MODEL
 from backends.dspark.profile import machine_parts
-from backends.loading import cpu_name, resolve_precision
+from backends.loading import cpu_generation, cpu_name, resolve_precision
+from backends.packed.build import kernels_name
 from backends.packed.model import QUANTIZED_PRECISION
 
 PUBLISHED = Path(__file__).with_name("published.md")
@@ -125,6 +126,14 @@ def decode(data: dict, results: Path, base: Path) -> str:
         f"**{data['lossless_mismatches']}** prompts.",
         table([*headers, "verified", "mismatches"], rows, digits=2),
     ]
+    per_forward = peer_tokens_per_forward(data)
+    if per_forward:
+        parts += [
+            "Tokens committed per verifying forward (bonus token included; the peers' counted from their forwards "
+            "after the prompt's), prompt lookup's peers beside our copied blocks alone and the best of our variants "
+            "by it:",
+            table(["set", "HF lookup", "llama.cpp lookup", "our copies", "our best", "best variant"], per_forward),
+        ]
     acceptance = [
         [name, drafter, *[round(v, 2) if v is not None else None for v in d["conditional_acceptance"][:7]]]
         for name, entry in data["sets"].items()
@@ -160,6 +169,21 @@ def decode(data: dict, results: Path, base: Path) -> str:
         )
     ]
     return "\n\n".join(parts + [i for i in images if i])
+
+
+def peer_tokens_per_forward(data: dict) -> list[list[Cell]]:
+    """Per set, the prompt-lookup peers' tokens per verifying forward beside ours (empty for a run that predates
+    the count)."""
+    rows: list[list[Cell]] = []
+    for name, entry in data["sets"].items():
+        peers = entry.get("peer_tokens_per_forward")
+        if not peers:
+            continue
+        ours = {variant: d["mean_accepted"] for variant, d in entry["drafters"].items() if d["mean_accepted"]}
+        best = max(ours, key=ours.get) if ours else None
+        copies = ours.get("lookup")
+        rows.append([name, peers.get("hf_prompt_lookup"), peers.get("llama_cpp_lookup"), copies, ours.get(best), best])
+    return rows
 
 
 def engine(data: dict, results: Path, base: Path) -> str:
@@ -599,9 +623,14 @@ SECTIONS: tuple[Section, ...] = (
 
 
 def machine() -> str:
-    cpu = cpu_name()
+    generation = cpu_generation()
+    cpu = f"{cpu_name()} ({generation})" if generation else cpu_name()
     precision = resolve_precision("auto", torch.device("cpu"), DEFAULT_MODEL)
-    served = "its GGUF's blocks (the packed engine)" if precision == QUANTIZED_PRECISION else str(precision)
+    served = (
+        f"its GGUF's blocks (the packed engine, {kernels_name()} kernels)"
+        if precision == QUANTIZED_PRECISION
+        else str(precision)
+    )
     return (
         f"{cpu}, {os.cpu_count()} cores, the default model served from {served.removeprefix('torch.')}, Python "
         f"{platform.python_version()}, torch {torch.__version__}, {platform.system()} {platform.release()}"

@@ -64,6 +64,9 @@ def test_bench_decode_reports_both_drafters_side_by_side(both_drafters, tmp_path
     assert report["lossless_mismatches"] == 0
     for name, entry in report["sets"].items():
         assert {"ar", "hf_greedy", "dspark_heads", "dspark_dspark", "dspark_lookup"} <= set(entry["tokens_per_s"])
+        peers = entry["peer_tokens_per_forward"]
+        assert peers["hf_greedy"] == 1.0, name  # plain decoding commits one token a forward: the count checked
+        assert peers["hf_prompt_lookup"] >= 1.0, name
         for drafter, stats in entry["drafters"].items():
             assert stats["mean_accepted"] >= 1.0, (name, drafter)
             assert stats["mean_verified"] >= 0.0

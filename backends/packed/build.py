@@ -40,17 +40,15 @@ def supported() -> bool:
 
 def kernels_name() -> str:
     """Which of the engine's builds this CPU runs, as ``PackedModel.kernels`` says it: ``avx512`` where it has
-    AVX-512 with BW, VL and VNNI, else ``avx2`` (``DSPARK_KERNELS`` forces one, as it does for the engine). Read
-    from the CPU's flags, so a cost curve's key is known before anything is built; a test holds it to the
-    engine's own choice."""
-    forced = os.environ.get("DSPARK_KERNELS")
-    if forced:
-        return "avx512" if forced == "avx512" else "avx2"
+    AVX-512 with BW, VL and VNNI, else ``avx2``. ``DSPARK_KERNELS=avx2`` forces the AVX2 build, as it does for the
+    engine; ``avx512`` cannot force what the CPU lacks. Read from the CPU's flags, so a cost curve's key is known
+    before anything is built; a test holds it to the engine's own choice."""
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         return "avx2"
-    return "avx512" if {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags else "avx2"
+    runs_avx512 = {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"} <= flags
+    return "avx512" if runs_avx512 and os.environ.get("DSPARK_KERNELS") != "avx2" else "avx2"
 
 
 @cache

@@ -271,11 +271,13 @@ struct Kernels {
                       float*);
 };
 
+// DSPARK_KERNELS=avx2 runs the AVX2 build on any CPU; =avx512 is honoured only where the CPU has AVX-512 (else its
+// first instruction would kill the process), so the override can pick a build, never an instruction set.
 Kernels pick_kernels() {
     const char* forced = std::getenv("DSPARK_KERNELS");
-    const bool avx512 = forced ? std::string(forced) == "avx512"
-                               : __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                                     __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    const bool runs_avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+    const bool avx512 = runs_avx512 && !(forced && std::string(forced) == "avx2");
     if (avx512) {
         return {"avx512", avx512::gemm_f32, avx512::qgemm, avx512::dequant_row, avx512::rms_norm, avx512::silu_mul,
                 avx512::attention};
