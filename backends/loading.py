@@ -71,31 +71,30 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 @cache
+def _cpu_fields() -> dict[str, str]:
+    """The first processor's ``key: value`` lines of ``/proc/cpuinfo`` (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    first = text.split("\n\n", 1)[0]
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
+
+
 def cpu_name() -> str:
     """The CPU's model name: machines differ, so a stored cost curve and every benchmark figure say which one
     measured them (``platform.processor()`` says only ``x86_64`` on Linux)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return _cpu_fields().get("model name") or platform.processor() or platform.machine()
 
 
 def cpu_generation() -> str | None:
     """The CPU's family and model numbers (``family 23 model 1``), which tell apart what a cloud's model name does
     not: its "AMD EPYC" has been a Zen 1 with AVX2 alone and a Zen 4 with AVX-512, at four times the speed apart.
     None where ``/proc/cpuinfo`` does not say."""
-    try:
-        fields = dict(
-            (key.strip(), value.strip())
-            for key, _, value in (line.partition(":") for line in Path("/proc/cpuinfo").read_text().splitlines())
-            if key.strip() in ("cpu family", "model")
-        )
-    except OSError:
+    fields = _cpu_fields()
+    if "cpu family" not in fields or "model" not in fields:
         return None
-    return f"family {fields['cpu family']} model {fields['model']}" if len(fields) == 2 else None
+    return f"family {fields['cpu family']} model {fields['model']}"
 
 
 def cpu_has_bf16() -> bool:
