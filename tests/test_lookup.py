@@ -4,38 +4,87 @@ from __future__ import annotations
 
 import pytest
 
-from backends.dspark.lookup import PRIOR, MeasuredAcceptance, NgramLookup
+from backends.dspark.lookup import LONGEST_MATCH, Copy, CopyAcceptance, MeasuredAcceptance, NgramLookup
 from backends.dspark.published_decode import RecentSurvival, prefers_copy
 from backends.scheduling import SpsCurve, VerifySchedule
 
 
 def test_the_longest_earlier_ngram_ending_with_the_anchor_gives_the_copy():
     lookup = NgramLookup([5, 6, 7, 8, 9, 1, 7, 2, 3, 5, 6])
-    assert lookup.propose(7, 3) == [8, 9, 1], "unigram 7 alone would match (7, 2, 3, 5); the trigram 5 6 7 decides"
+    assert lookup.propose(7, 3) == Copy([8, 9, 1], match=3), "unigram 7 alone would copy 2 3 5; 5 6 7 decides"
     lookup = NgramLookup([1, 2, 3, 4, 5, 9, 9, 2, 3])
-    assert lookup.propose(4, 4) == [5, 9, 9, 2]
-    assert lookup.propose(42, 4) == [], "a token never seen proposes nothing"
+    assert lookup.propose(4, 4) == Copy([5, 9, 9, 2], match=3)
+    assert lookup.propose(42, 4) is None, "a token never seen proposes nothing"
+    assert lookup.propose(4, 0) is None, "no room left: nothing to copy"
+    assert NgramLookup([4, 5]).propose(4, 4) == Copy([5], match=1)
 
 
 def test_the_latest_occurrence_wins_and_committed_tokens_join_the_index():
     lookup = NgramLookup([7, 1, 2, 10, 7, 1, 2, 20, 7, 1])
-    assert lookup.propose(2, 1) == [20], "7 1 2 occurs twice; the later one was followed by 20"
+    assert lookup.propose(2, 1).tokens == [20], "7 1 2 occurs twice; the later one was followed by 20"
     lookup.extend([2, 30, 31])
-    assert lookup.propose(1, 2) == [2, 30], "the tokens committed after the prompt are copied too"
+    assert lookup.propose(1, 2).tokens == [2, 30], "the tokens committed after the prompt are copied too"
 
 
-def test_a_single_token_match_needs_two_tokens_to_copy():
-    assert NgramLookup([4, 5]).propose(4, 4) == [], "one copied token after a unigram match is not worth a round"
-    assert NgramLookup([4, 5, 6]).propose(4, 4) == [5, 6]
+def test_the_match_is_measured_back_beyond_the_longest_ngram():
+    """A copy's match counts every token before the anchor that agrees with those before the earlier occurrence,
+    up to ``LONGEST_MATCH``: the evidence its acceptance is kept by."""
+    line = list(range(100, 110))
+    lookup = NgramLookup([*line, 1, 2, 3, 9, *line])
+    assert lookup.propose(1, 3) == Copy([2, 3, 9], match=len(line) + 1)
+    long_line = list(range(100, 100 + 2 * LONGEST_MATCH))
+    assert NgramLookup([*long_line, 5, *long_line]).propose(5, 2).match == LONGEST_MATCH
+
+
+def test_copy_acceptance_is_kept_by_match_length_and_position():
+    """Short matches that miss do not condemn long ones (one estimate for all copies did: two misses stopped
+    copying for the rest of a request where verifying costs), and greedy and sampled copies learn apart."""
+    copies = CopyAcceptance()
+    prior = CopyAcceptance.PRIOR
+    assert copies.confidence(1, 3, greedy=True) == [prior] * 3
+    for _ in range(20):
+        copies.add(match=1, greedy=True, verified=3, accepted=0)
+        copies.add(match=12, greedy=True, verified=3, accepted=3)
+    short, long = copies.confidence(1, 3, greedy=True), copies.confidence(13, 3, greedy=True)
+    assert short[0] < 0.1 and short[1:] == [prior, prior], "positions after a first miss were never reached"
+    assert all(c > 0.9 for c in long)
+    assert copies.confidence(12, 3, greedy=False) == [prior] * 3, "sampled copies have their own estimate"
+
+
+def test_copies_passed_over_drift_back_to_the_prior_and_are_tried_again():
+    """An estimate only a verified copy can revise must not stay shut: every ``PROBE_AFTER`` passed-over copies
+    of a kind in a row halve its evidence."""
+    copies = CopyAcceptance()
+    for _ in range(4):
+        copies.add(match=2, greedy=True, verified=1, accepted=0)
+    shut = copies.confidence(2, 1, greedy=True)[0]
+    for _ in range(CopyAcceptance.PROBE_AFTER - 1):
+        copies.add(match=2, greedy=True, verified=0, accepted=0)
+    assert copies.confidence(2, 1, greedy=True)[0] == shut
+    copies.add(match=2, greedy=True, verified=0, accepted=0)
+    reopened = copies.confidence(2, 1, greedy=True)[0]
+    assert shut < reopened < CopyAcceptance.PRIOR
+    for _ in range(8 * CopyAcceptance.PROBE_AFTER):
+        copies.add(match=2, greedy=True, verified=0, accepted=0)
+    assert copies.confidence(2, 1, greedy=True)[0] == pytest.approx(CopyAcceptance.PRIOR, abs=0.01)
+
+
+def test_copy_acceptance_follows_recent_copies_within_its_window():
+    copies = CopyAcceptance()
+    for _ in range(int(CopyAcceptance.WINDOW)):
+        copies.add(match=4, greedy=True, verified=1, accepted=1)
+    for _ in range(int(CopyAcceptance.WINDOW)):
+        copies.add(match=4, greedy=True, verified=1, accepted=0)
+    assert copies.confidence(4, 1, greedy=True)[0] < 0.5, "old outcomes are scaled down, not kept for ever"
 
 
 def test_measured_acceptance_follows_outcomes_from_its_prior():
     survival = MeasuredAcceptance()
-    prior = [PRIOR] * 3
+    prior = [0.7] * 3
     assert survival.confidence(prior) == prior
     survival.add(verified=3, accepted=1, prior=prior)
     first, second, third = survival.confidence(prior)
-    assert first > PRIOR > second and third == PRIOR, "position 3 was never reached: no evidence on it"
+    assert first > 0.7 > second and third == 0.7, "position 3 was never reached: no evidence on it"
     for _ in range(6):
         survival.add(verified=3, accepted=3, prior=prior)
     assert all(c > 0.95 for c in survival.confidence(prior))
@@ -45,16 +94,15 @@ def test_the_hybrid_copies_only_where_copies_have_earned_more_than_drafts():
     """``lookup: beside`` verifies a copied block only when the copies' measured acceptance, over the verifying
     forward, beats the drafter's measured acceptance over the forward plus its own pass."""
     flat = VerifySchedule(sps=SpsCurve({n: 100.0 for n in range(1, 16)}), draft_s=0.002)
-    copies, drafts = MeasuredAcceptance(), MeasuredAcceptance()
-    prior = [PRIOR] * 6
+    copies, drafts = CopyAcceptance(), MeasuredAcceptance()
     for _ in range(5):
-        copies.add(verified=6, accepted=1, prior=prior)  # copies fail after one token
+        copies.add(match=3, greedy=True, verified=6, accepted=1)  # copies fail after one token
         drafts.add(verified=6, accepted=6, prior=[0.5] * 6)  # the drafter's blocks all pass
-    assert not prefers_copy(flat, copies.confidence(prior), drafts.confidence([0.5] * 6))
-    for _ in range(5):
-        copies.add(verified=6, accepted=6, prior=prior)
+    assert not prefers_copy(flat, copies.confidence(3, 6, greedy=True), drafts.confidence([0.5] * 6))
+    for _ in range(20):
+        copies.add(match=3, greedy=True, verified=6, accepted=6)
         drafts.add(verified=6, accepted=0, prior=[0.5] * 6)
-    assert prefers_copy(flat, copies.confidence(prior), drafts.confidence([0.5] * 6))
+    assert prefers_copy(flat, copies.confidence(3, 6, greedy=True), drafts.confidence([0.5] * 6))
     # The same measured acceptance: the copy wins, since it saves the drafter's pass.
     same = [0.8] * 6
     assert prefers_copy(flat, same, same)

@@ -21,6 +21,7 @@ from backends.dspark.drafter import DSparkDrafter
 from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.heads import SpanHeads
+from backends.dspark.lookup import CopyAcceptance
 from backends.dspark.model import DSparkModel
 from backends.dspark.profile import load_or_profile, measure_round
 from backends.dspark.selection import SpanPolicy
@@ -60,6 +61,7 @@ class DSparkBackend(LocalBackend):
         loaded: LoadedModel | None = None,
         limits: BatchLimits | None = None,
         draft_cost: DraftCost | None = None,
+        copies: CopyAcceptance | None = None,
     ) -> None:
         if (model if default == "heads" else drafter) is None:
             raise ModelLoadError(f"a DSpark backend with drafter {default!r} needs that drafter", param="model")
@@ -69,6 +71,8 @@ class DSparkBackend(LocalBackend):
         self.schedule = schedule or VerifySchedule()
         self.draft_cost = draft_cost or DraftCost(self.schedule.draft_s)
         """The published drafter's pass as measured in this pool's loops, shared by every request."""
+        self.copies = copies or CopyAcceptance()
+        """What this pool's copied blocks earned by the length of their match, shared by every request."""
         self.default: Drafter = default
         self.policy = policy
         if model is not None and policy is None:
@@ -168,6 +172,7 @@ class DSparkBackend(LocalBackend):
             loaded=self.loaded,
             limits=self.engine.limits,
             draft_cost=self.draft_cost,
+            copies=self.copies,
         )
 
     def _require(self, drafter: Drafter) -> None:
@@ -190,7 +195,16 @@ class DSparkBackend(LocalBackend):
         if choice == "dspark":
             schedule = resolve_schedule(self.schedule, request.dspark)
             return published_decode.decode(
-                self.loaded, self.drafter, prompt, request, schedule, generator, stats, constraint, self.draft_cost
+                self.loaded,
+                self.drafter,
+                prompt,
+                request,
+                schedule,
+                generator,
+                stats,
+                constraint,
+                self.draft_cost,
+                self.copies,
             )
         policy = SpanPolicy.resolve(self.policy, request.dspark, self.model.dspark_config.num_heads)
         return decode(self.model, prompt, request, policy, generator, stats, constraint)

@@ -9,8 +9,8 @@ correction token of the previous round, or the target's own next token):
    temperature/top-k/top-p, so it is the distribution verification divides by); the confidence head gives c_k;
    With ``lookup`` on, a block copied from the context (:mod:`backends.dspark.lookup`: the tokens that followed
    the latest earlier occurrence of the newest n-gram) may stand in for the drafter's block, chosen before
-   drafting from what copies and drafts have earned in this request so far; a round that copies skips the
-   drafter's pass, and its one-hot draft distribution is verified like any other;
+   drafting from what copies after a match as long have earned in the pool and drafts in this request so far; a
+   round that copies skips the drafter's pass, and its one-hot draft distribution is verified like any other;
 2. ``schedule``: the verification length, by Algorithm 1 from prefix survival and the profiled SPS curve (or a
    static threshold); under a grammar the verified draft is further cut at the first token the grammar refuses.
    Algorithm 1 weighs every request in the batch at once, so the loop asks the engine twice: before drafting,
@@ -40,7 +40,7 @@ import torch
 from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
-from backends.dspark.lookup import PRIOR, MeasuredAcceptance, NgramLookup
+from backends.dspark.lookup import CopyAcceptance, MeasuredAcceptance, NgramLookup
 from backends.dspark.verify import RoundStats, masked_by_grammar, verify
 from backends.loading import LoadedModel
 from backends.sampling import pick_token, sample, token_probs
@@ -195,7 +195,12 @@ class Proposal:
     refused: torch.Tensor | None = None
     """The distribution of the drafted token the grammar refused right after ``tokens`` (see
     :func:`~backends.dspark.verify.verify_sampled`)."""
-    copied: bool = False
+    match: int | None = None
+    """A copied block's match length (:class:`~backends.dspark.lookup.Copy`); None for the drafter's."""
+
+    @property
+    def copied(self) -> bool:
+        return self.match is not None
 
 
 def cut(tokens: list[int], length: int, probs: torch.Tensor | None, constraint: GrammarConstraint | None) -> Proposal:
@@ -209,15 +214,16 @@ def cut(tokens: list[int], length: int, probs: torch.Tensor | None, constraint: 
 
 class Drafting:
     """One request's drafting state across rounds: the drafter's context cache and the target features it has not
-    taken in yet, its recent prefix survival, and the copies the context offers with what they earned."""
+    taken in yet, its recent prefix survival and the acceptance its blocks earned, and the copies the context
+    offers with what copies earned in the pool."""
 
-    def __init__(self, drafter: DSparkDrafter, prompt: list[int]) -> None:
+    def __init__(self, drafter: DSparkDrafter, prompt: list[int], copies: CopyAcceptance) -> None:
         self.drafter = drafter
         self.context = ContextCache(len(drafter.layers))
         self.pending: list[torch.Tensor] = []
         self.survival = RecentSurvival()
         self.lookup = NgramLookup(prompt)
-        self.copies, self.drafts = MeasuredAcceptance(), MeasuredAcceptance()
+        self.copies, self.drafts = copies, MeasuredAcceptance()
 
     def draft_confidence(self, limit: int) -> list[float]:
         """A draft of ``limit``'s expected conditional acceptance by position: the drafter's measured acceptance
@@ -244,14 +250,14 @@ def propose(
     length asked of the engine (``Budget`` before drafting, ``Schedule`` after). A drafter pass is weighed at what
     passes have measured in the loop (``cost``), and this one's time joins them."""
     schedule = replace(schedule, draft_s=cost.seconds)
-    copied = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else []
-    confidence = state.copies.confidence([PRIOR] * len(copied))
+    copy = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else None
+    confidence = state.copies.confidence(copy.match, len(copy.tokens), request.greedy) if copy else []
     drafting = state.draft_confidence(limit)
-    if copied and (schedule.lookup == "only" or prefers_copy(schedule, confidence, drafting)):
-        budget = yield Budget(replace(schedule, draft_s=0.0), len(copied), tuple(prefix_survival(confidence)))
+    if copy and (schedule.lookup == "only" or prefers_copy(schedule, confidence, drafting)):
+        budget = yield Budget(replace(schedule, draft_s=0.0), len(copy.tokens), tuple(prefix_survival(confidence)))
         length = (yield Schedule(schedule, confidence, budget)) if budget else 0
-        probs = None if request.greedy else one_hot(copied, vocab_size, torch.device("cpu"))
-        return replace(cut(copied, length, probs, constraint), copied=True)
+        probs = None if request.greedy else one_hot(copy.tokens, vocab_size, torch.device("cpu"))
+        return replace(cut(copy.tokens, length, probs, constraint), match=copy.match)
     if schedule.lookup == "only":
         return Proposal([])
     # None expected (optimistic) on a probe, so a request whose drafts stopped paying is tried again
@@ -280,14 +286,15 @@ def decode(
     stats: GenerationStats,
     constraint: GrammarConstraint | None = None,
     cost: DraftCost | None = None,
+    copies: CopyAcceptance | None = None,
 ) -> DecodeLoop:
     """Yield the tokens each target pass commits; the engine closes the loop when output ends. ``cost``: the
-    pool's measured drafter pass, which this request's passes update (by default this request's own, starting
-    from ``schedule.draft_s``)."""
+    pool's measured drafter pass, and ``copies``: what the pool's copied blocks earned, both of which this
+    request's rounds update (by default this request's own, starting from ``schedule.draft_s`` and the prior)."""
     cost = cost or DraftCost(schedule.draft_s)
     layer_ids = drafter.config.target_layer_ids
     rounds = RoundStats(stats, drafter.block_size)
-    state = Drafting(drafter, prompt)
+    state = Drafting(drafter, prompt, copies or CopyAcceptance())
     step = target_pass((yield Forward(prompt, hidden_states=True)), layer_ids)
     stats.forward_passes += 1
     state.pending.append(step.features)
@@ -325,8 +332,8 @@ def decode(
                 tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused
             )
             rounds.verified(len(tokens), accepted, proposal.copied)
-            if proposal.copied:
-                state.copies.add(len(tokens), accepted, [PRIOR] * len(tokens))
+            if proposal.match is not None:
+                state.copies.add(proposal.match, request.greedy, len(tokens), accepted)
             elif tokens:
                 state.drafts.add(len(tokens), accepted, state.survival.conditional(len(tokens)))
             state.lookup.extend([anchor, *tokens[:accepted]])
