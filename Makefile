@@ -37,8 +37,8 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 
 # Every benchmark with the published arguments (benchmarks/suite.py), JSON and plots into benchmarks/results,
-# then BENCHMARKS.md rendered from them. About 50 minutes on 2 cores with AMX, more without (seconds per benchmark
-# in benchmarks/results/suite.json); `dspark-router bench all --only NAME` for one.
+# then BENCHMARKS.md rendered from them. About 20 minutes on 2 cores of a Xeon with AMX, more elsewhere (seconds
+# per benchmark in benchmarks/results/suite.json); `dspark-router bench all --only NAME` for one.
 bench: $(BENCH_STAMP) $(MODEL)/gguf_blocks.safetensors
 	$(BIN)/dspark-router bench all
 
@@ -60,8 +60,9 @@ model-target: $(MODEL)/gguf_blocks.safetensors
 # itself and follow-ups, filtered against the evaluation prompts) with the served engine and caches the target's
 # features; then the span heads and the published drafter side by side (make -j2 model, one core each), then the
 # span thresholds tuned by measured speed, the target's cost profile, the classifier's measurements of its whole
-# corpus (about 75 min; rerun by hand with --resume, it picks up where a stopped run left off) and calibration, and a
-# seeded 48 of them measured again (5 min), which is how bench route knows how repeatable one measurement is.
+# corpus (7 min on an Intel Xeon with the packed engine; rerun by hand with --resume, it picks up where a stopped
+# run left off) and calibration, and a seeded 48 of them measured again (30 s), which is how bench route knows how
+# repeatable one measurement is.
 # The shipped drafters predate this recipe (the model card says what they were trained on); on 2 cores the packed
 # engine answers about 440 tokens/s at 32 concurrent requests (Zen 4 EPYC), so the corpus alone takes about 2.5
 # hours there: `train data` starts from the answers shipped in $(CORPUS) (`train ship` wrote them; the same recipe

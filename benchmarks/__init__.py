@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from benchmarks import (
     batching,
+    copies,
     decode,
     engine,
     fleet,
@@ -45,6 +46,12 @@ BENCHMARKS: dict[str, Benchmark] = {
         "DSpark with each drafter against plain decoding and transformers' fast paths, interleaved on one model",
         decode.add_arguments,
         decode.run,
+    ),
+    "copies": Benchmark(
+        "copied blocks replayed on the target's greedy corpus answers, timed on every stored cost curve, beside "
+        "transformers' prompt lookup",
+        copies.add_arguments,
+        copies.run,
     ),
     "structured": Benchmark(
         "JSON-schema-constrained generation on real schemas, outputs validated, both backends",

@@ -213,6 +213,50 @@ def engine(data: dict, results: Path, base: Path) -> str:
     return "\n\n".join(p for p in parts if p)
 
 
+def copies(data: dict, results: Path, base: Path) -> str:
+    """Copied blocks replayed on greedy corpus answers: acceptance by match, and each stored curve's outcome."""
+    by_match = data["acceptance_by_match"]
+    block = data["block"]
+    match_rows = [[f"{bound}+", entry["copies"], *entry["conditional_acceptance"]] for bound, entry in by_match.items()]
+    rules = ("copies", "copies_whole", "prompt_lookup")
+    machine_rows = [
+        [
+            f"{machine_name(key)}, {machine_parts(key)[3].replace('=', ' ')}",
+            *[rules_[rule]["tokens_per_forward"] for rule in rules],
+            *[rules_[rule]["speedup"] for rule in rules],
+            rules_["copies"]["mean_verified"],
+        ]
+        for key, rules_ in data["machines"].items()
+    ]
+    return "\n\n".join(
+        [
+            f"{data['answers']} greedy corpus answers ({data['answer_tokens']:,} tokens; training text, not the "
+            "evaluation prompts), replayed without the model: a greedy answer fixes what each copy keeps. Every copy "
+            f"verified whole ({block} tokens at most), by the length of its match (tokens, the anchor included) and "
+            "position, conditional acceptance:",
+            table(["match", "copies", *[f"k={k + 1}" for k in range(block)]], match_rows),
+            "Each stored cost curve's outcome: tokens per verifying forward (bonus included) and speed over plain "
+            "decoding, each forward timed by the curve, for the decode loop's rule (`copies`: `CopyAcceptance` and "
+            "Algorithm 1), the same copies verified whole, and transformers' prompt lookup (the earliest match of "
+            "the newest 2 tokens, 10 verified every round):",
+            table(
+                [
+                    "curve",
+                    "copies / fwd",
+                    "whole / fwd",
+                    "lookup / fwd",
+                    "copies x",
+                    "whole x",
+                    "lookup x",
+                    "copies verified",
+                ],
+                machine_rows,
+            ),
+            _image(results, "copies/copies.png", base, "copies against prompt lookup on every stored curve"),
+        ]
+    )
+
+
 def structured(data: dict, results: Path, base: Path) -> str:
     backends = data["backends"]
     names = list(backends)
@@ -612,6 +656,7 @@ SECTIONS: tuple[Section, ...] = (
     ("engine", "The engine's forward", engine),
     ("quality", "Answer quality", quality),
     ("decode", "Decoding speed", decode),
+    ("copies", "Copied blocks on every stored curve", copies),
     ("structured", "Structured output", structured),
     ("batching", "Batching", batching),
     ("route", "Routing quality", route),

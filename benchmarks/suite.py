@@ -49,6 +49,7 @@ SUITE: tuple[Step, ...] = (
             *("--json", "{results}/decode.json", "--plots", "{results}/decode"),
         ),
     ),
+    Step("copies", ("--json", "{results}/copies.json", "--plots", "{results}/copies")),
     Step("structured", ("--limit", "16", "--max-tokens", "160", "--json", "{results}/structured.json")),
     Step("route", ("--json", "{results}/route.json", "--plot", "{results}/route.png")),
     Step(

@@ -212,13 +212,13 @@ def test_bench_route_refuses_one_fold(calibrated, capsys):
 
 def test_cross_validation_on_the_shipped_measurements_saves_time_against_the_standard_pool():
     """Template-grouped folds of the shipped measurements, refitted as calibrate fits: every template is held
-    out once. The shipped measurements are the pools' default (copied blocks alone) on the packed engine on an AMD
-    EPYC Zen 4, where DSpark's median speedup by kind is 0.88x (brainstorming, creative writing) to 1.28x (code
-    edits): DSpark is 1.15x faster or more on 27% of the subtasks, and 48 of them measured twice correlate 0.82 in
-    log speedup. On held-out templates the classifier's scores must rank the faster subtasks (AUROC 0.77), its
-    routing must save time against the standard pool and at least nine tenths of what sending everything to DSpark
-    saves (0.66 of the oracle's saving, all-DSpark 0.22), and its expected-gain model, what the default ``time_saved``
-    objective routes by, must rank speedups it never saw (log correlation 0.54)."""
+    out once. The shipped measurements are the pools' default (copied blocks alone, kept by their match) on the
+    packed engine on an Intel Xeon, where DSpark's median speedup by kind is 0.91x (classification, creative
+    writing) to 1.30x (code edits): DSpark is 1.15x faster or more on 26% of the subtasks, and 48 of them measured
+    twice correlate 0.79 in log speedup. On held-out templates the classifier's scores must rank the faster
+    subtasks (AUROC 0.79), its routing must save time against the standard pool and at least nine tenths of what
+    sending everything to DSpark saves (0.66 of the oracle's saving, all-DSpark 0.48), and its expected-gain model,
+    what the default ``time_saved`` objective routes by, must rank speedups it never saw (log correlation 0.49)."""
     records, _ = read_measurements(DEFAULT_MEASUREMENTS)
     summary = cross_validate(records, DEFAULT_MARGIN, threshold=None, folds=5)
     assert summary["folds"] == 5 and summary["subtasks"] == len(records)

@@ -341,10 +341,11 @@ def test_a_redis_pool_reports_the_load_its_workers_heartbeat(redis_url):
 
 
 def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_routes_on():
-    """The shipped classifier's speedups were measured on the packed engine on an AMD EPYC, where verifying 4
-    tokens costs 1.16 steps; in float32 on an AMD EPYC it costs 1.54. A greedy date rewrite it expects 1.29x from
-    goes to DSpark on the first machine and to the standard pool on the second under the embedded default
-    (``time_saved``), while the threshold objective, whose score no curve carries, decides the same on both."""
+    """The shipped classifier's speedups were measured on the packed engine on an Intel Xeon, where verifying 4
+    tokens costs 1.39 steps; on the packed engine's AVX2 build on an AMD EPYC Zen 1 it costs 2.12. A greedy date
+    rewrite it expects 1.31x from goes to DSpark on the first machine and to the standard pool on the second under
+    the embedded default (``time_saved``), while the threshold objective, whose score no curve carries, decides the
+    same on both."""
     from backends.default_model import DEFAULT_DRAFTERS
     from backends.dspark.profile import stored_curves
     from backends.scheduling import scaled_speedup
@@ -357,14 +358,14 @@ def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_rou
         for key, curve in stored_curves(DEFAULT_DRAFTERS / PROFILE_FILE).items()
     }
     measured_on = curves[shipped.info["calibration_profile"]["machine"]]
-    epyc = curves["cpu:AMD EPYC|torch.float32|threads=2"]
+    zen1 = curves["cpu:AMD EPYC|gguf-avx2|threads=2"]
     rewrite = (
         "Rewrite every date in DD/MM/YYYY format.\n\nHiro Nguyen joined Initech as a engineer on 2023-01-18 with a "
         "salary of 33000 JPY. Flight AF343 from Vienna to Berlin leaves on 2023-01-18 at 19:00."
     )
     request = {"messages": [{"role": "user", "content": rewrite}], "temperature": 0}
     expected = shipped.expected_speedup(request)
-    assert scaled_speedup(expected, measured_on, epyc) < 1.0 < expected  # the case the objective decides
+    assert scaled_speedup(expected, measured_on, zen1) < 1.0 < expected  # the case the objective decides
     embedded = load_config(check_paths=False).policy
     assert embedded.objective == "time_saved"
 
@@ -376,6 +377,6 @@ def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_rou
         return chosen.decide(parse_openai_args(request, POOLS)).pool
 
     assert routed(embedded, measured_on) == "dspark"
-    assert routed(embedded, epyc) == "standard"
+    assert routed(embedded, zen1) == "standard"
     by_score = embedded.model_copy(update={"objective": "threshold"})
-    assert routed(by_score, measured_on) == routed(by_score, epyc)
+    assert routed(by_score, measured_on) == routed(by_score, zen1)

@@ -40,11 +40,13 @@ DEFAULT_LOOKUP: Lookup = "only"
 """The decoding a pool uses when its config names none and the model folder carries that drafter: whichever
 variant was fastest on ``bench decode`` with the shipped model (see the README). Blocks copied from the context
 alone were the fastest on 11 of 12 sets on an Intel Xeon, on 9 of 12 on a Zen 5 EPYC and on 9 of 12 on a Zen 4
-(the hybrid on the other 3, at 0.91-1.07x the faster of copies alone and the drafter alone), and on the
-classifier's subtasks: on these 2-core CPUs the published drafter's pass costs about a target step, and the
-hybrid's per-round choice does not yet make it pay back everywhere. The published drafter stays loaded, so a pool's
-``decoding.lookup`` or a request's ``dspark.lookup`` (``beside``: the hybrid; ``off``: the drafter alone) picks it
-without naming a drafter; the hybrid was faster than the span heads on all 12 sets on all three CPUs."""
+(the hybrid on the other 3, at 0.91-1.07x the faster of copies alone and the drafter alone), on 11 of 12 on a
+Xeon again once copies were kept by the length of their match (the hybrid on GSM8K, at 0.83-1.03x the faster of
+the two), and on the classifier's subtasks: on these 2-core CPUs the published drafter's pass costs about a
+target step, and the hybrid's per-round choice does not yet make it pay back everywhere. The published drafter
+stays loaded, so a pool's ``decoding.lookup`` or a request's ``dspark.lookup`` (``beside``: the hybrid; ``off``:
+the drafter alone) picks it without naming a drafter; the hybrid was faster than the span heads on all 12 sets on
+all four CPUs."""
 
 
 class DSparkBackend(LocalBackend):
