@@ -99,35 +99,37 @@ class CopyAcceptance:
     PROBE_AFTER = 32
 
     def __init__(self) -> None:
-        self.cells: dict[tuple[bool, int, int], list[float]] = {}
+        self.kinds: dict[tuple[bool, int], list[list[float]]] = {}
+        """(greedy, match class) to each block position's [kept, tried]."""
         self.unverified: dict[tuple[bool, int], int] = {}
 
     def confidence(self, match: int, length: int, greedy: bool) -> list[float]:
         """Each position's expected conditional acceptance for a copy of ``length`` tokens after a ``match``."""
-        kind = bisect_right(MATCH_CLASSES, match) - 1
-        return [self._estimate(self.cells.get((greedy, kind, k))) for k in range(length)]
+        cells = self.kinds.get((greedy, bisect_right(MATCH_CLASSES, match) - 1), [])
+        return [self._estimate(*cells[k]) if k < len(cells) else self.PRIOR for k in range(length)]
 
     def add(self, match: int, greedy: bool, verified: int, accepted: int) -> None:
         """A copy of which ``verified`` tokens were verified (none: the schedule passed it over) and the first
         ``accepted`` survived."""
-        kind = bisect_right(MATCH_CLASSES, match) - 1
+        kind = (greedy, bisect_right(MATCH_CLASSES, match) - 1)
+        cells = self.kinds.setdefault(kind, [])
         if not verified:
-            passed = self.unverified[(greedy, kind)] = self.unverified.get((greedy, kind), 0) + 1
-            if passed >= self.PROBE_AFTER:
-                self.unverified[(greedy, kind)] = 0
-                for key, (kept, tried) in self.cells.items():
-                    if key[:2] == (greedy, kind):
-                        self.cells[key] = [kept / 2, tried / 2]
+            self.unverified[kind] = self.unverified.get(kind, 0) + 1
+            if self.unverified[kind] >= self.PROBE_AFTER:
+                self.unverified[kind] = 0
+                for cell in cells:
+                    cell[0], cell[1] = cell[0] / 2, cell[1] / 2
             return
-        self.unverified[(greedy, kind)] = 0
+        self.unverified[kind] = 0
         for k in range(min(verified, accepted + 1)):
-            kept, tried = self.cells.setdefault((greedy, kind, k), [0.0, 0.0])
-            if tried >= self.WINDOW:
-                kept, tried = kept * (self.WINDOW - 1) / tried, self.WINDOW - 1
-            self.cells[(greedy, kind, k)] = [kept + (k < accepted), tried + 1]
+            if k == len(cells):
+                cells.append([0.0, 0.0])
+            cell = cells[k]
+            if cell[1] >= self.WINDOW:
+                cell[0], cell[1] = cell[0] * (self.WINDOW - 1) / cell[1], self.WINDOW - 1
+            cell[0], cell[1] = cell[0] + (k < accepted), cell[1] + 1
 
-    def _estimate(self, cell: list[float] | None) -> float:
-        kept, tried = cell or (0.0, 0.0)
+    def _estimate(self, kept: float, tried: float) -> float:
         return (kept + self.PRIOR * self.PRIOR_WEIGHT) / (tried + self.PRIOR_WEIGHT)
 
 
