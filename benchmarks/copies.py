@@ -21,7 +21,6 @@ import argparse
 import gzip
 import json
 import random
-from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -29,7 +28,7 @@ from pathlib import Path
 from typing import Protocol
 
 from backends.default_model import DEFAULT_DRAFTERS
-from backends.dspark.lookup import MATCH_CLASSES, Copy, CopyAcceptance, NgramLookup
+from backends.dspark.lookup import MATCH_CLASSES, Copy, CopyAcceptance, NgramLookup, match_class
 from backends.progress import JobProgress
 from backends.scheduling import PROFILE_FILE, SpsCurve, VerifySchedule, prefix_survival
 from benchmarks.output import write_json, write_plots
@@ -130,7 +129,7 @@ class MatchTable:
     kept: list[list[int]] = field(default_factory=lambda: [[0] * BLOCK for _ in MATCH_CLASSES])
 
     def add(self, match: int, verified: int, kept: int) -> None:
-        kind = bisect_right(MATCH_CLASSES, match) - 1
+        kind = match_class(match)
         for k in range(min(verified, kept + 1)):
             self.tried[kind][k] += 1
             self.kept[kind][k] += k < kept

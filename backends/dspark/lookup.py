@@ -37,6 +37,11 @@ MATCH_CLASSES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 first few, then slowly."""
 
 
+def match_class(match: int) -> int:
+    """The index in ``MATCH_CLASSES`` of the class a match length falls in."""
+    return bisect_right(MATCH_CLASSES, match) - 1
+
+
 @dataclass(frozen=True)
 class Copy:
     tokens: list[int]
@@ -105,13 +110,13 @@ class CopyAcceptance:
 
     def confidence(self, match: int, length: int, greedy: bool) -> list[float]:
         """Each position's expected conditional acceptance for a copy of ``length`` tokens after a ``match``."""
-        cells = self.kinds.get((greedy, bisect_right(MATCH_CLASSES, match) - 1), [])
+        cells = self.kinds.get((greedy, match_class(match)), [])
         return [self._estimate(*cells[k]) if k < len(cells) else self.PRIOR for k in range(length)]
 
     def add(self, match: int, greedy: bool, verified: int, accepted: int) -> None:
         """A copy of which ``verified`` tokens were verified (none: the schedule passed it over) and the first
         ``accepted`` survived."""
-        kind = (greedy, bisect_right(MATCH_CLASSES, match) - 1)
+        kind = (greedy, match_class(match))
         cells = self.kinds.setdefault(kind, [])
         if not verified:
             self.unverified[kind] = self.unverified.get(kind, 0) + 1
