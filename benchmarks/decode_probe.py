@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
+from backends.dspark.drafter import DSparkDrafter, target_features
 from backends.dspark.model import DSparkModel
 from backends.dspark.selection import SpanPolicy
 from backends.loading import LoadedModel
@@ -81,7 +81,7 @@ def probe_dspark(loaded: LoadedModel, drafter: DSparkDrafter, sequence: list[int
     ids = torch.tensor([sequence], device=device)
     out = loaded.model(input_ids=ids, output_hidden_states=True)
     features = target_features(out.hidden_states, drafter.config.target_layer_ids)[0]
-    context = ContextCache(len(drafter.layers))
+    context = drafter.new_context()
     drafter.extend_context(context, features[:prompt_len])
     drafts, logits = [], []
     for t in range(prompt_len, len(sequence) - gamma):

@@ -17,7 +17,7 @@ from backends.default_model import DEFAULT_MODEL, GGUF_SHA256
 from backends.errors import ModelLoadError
 from backends.loading import load_model
 from backends.modelfactory import CHAT_TEMPLATE, build_model
-from backends.packed.linear import PackedLinear, pack_linears
+from backends.packed.linear import PackedLinear
 from backends.packed.model import QUANTIZED_PRECISION, PackedLlama
 
 
@@ -211,4 +211,3 @@ def test_a_linear_layer_served_from_q8_0_blocks_multiplies_as_its_rounded_weight
     reference = (int8_blocks(x.reshape(6, 96)) @ w.T).reshape(2, 3, 40) + linear.bias.detach().double()
     scale = (x.reshape(6, 96).abs().double() @ w.abs().T).max().item()
     torch.testing.assert_close(packed(x).double(), reference, rtol=0, atol=1e-6 * scale)
-    assert pack_linears(torch.nn.Sequential(torch.nn.Linear(64, 8), torch.nn.Linear(8, 3))) == 1

@@ -13,7 +13,7 @@ from scipy.stats import chisquare
 from backends import AutoregressiveBackend, GenerationRequest, InvalidRequestError
 from backends.dspark import published_decode
 from backends.dspark.backend import DEFAULT_DRAFTER, DEFAULT_LOOKUP, DSparkBackend
-from backends.dspark.drafter import SHARED_WEIGHTS, ContextCache, DSparkDrafter
+from backends.dspark.drafter import SHARED_WEIGHTS, DSparkDrafter
 from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
 from backends.dspark.heads import DSparkConfig, SpanHeads
 from backends.dspark.model import DSparkModel
@@ -296,7 +296,7 @@ def test_drafter_runs_in_bfloat16_like_float32(qwen3_path):
     for dtype in (torch.float32, torch.bfloat16):
         loaded.model.to(dtype)
         drafter.to(dtype)
-        context = ContextCache(len(drafter.layers))
+        context = drafter.new_context()
         drafter.extend_context(context, features.to(dtype))
         hidden = drafter.draft_hidden(context, anchor=5)
         assert hidden.dtype == dtype and torch.isfinite(hidden).all()
@@ -354,7 +354,7 @@ def test_draft_probabilities_are_the_ones_sampled_from(qwen3_path):
     """Each draft row is a distribution and its token has mass there: what min(1, p/q) divides by."""
     loaded = load_model(qwen3_path)
     drafter = perturbed_drafter(loaded, seed=8)
-    context = ContextCache(len(drafter.layers))
+    context = drafter.new_context()
     drafter.extend_context(context, torch.randn(5, drafter.config.context_width))
     request = GenerationRequest(prompt="x", temperature=0.8, top_k=5)
     block = published_decode.draft(drafter, context, 3, request, torch.Generator().manual_seed(0), 7)

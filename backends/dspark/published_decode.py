@@ -219,7 +219,7 @@ class Drafting:
 
     def __init__(self, drafter: DSparkDrafter, prompt: list[int], copies: CopyAcceptance) -> None:
         self.drafter = drafter
-        self.context = ContextCache(len(drafter.layers))
+        self.context = drafter.new_context()
         self.pending: list[torch.Tensor] = []
         self.survival = RecentSurvival()
         self.lookup = NgramLookup(prompt)

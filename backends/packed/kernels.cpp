@@ -508,6 +508,8 @@ class PackedModel {
     Kernels kernels_;
 };
 
+#include "drafter_block.h"
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     pybind11::class_<PackedMatrix>(m, "PackedMatrix")
         .def(pybind11::init<at::Tensor, int64_t, int64_t, int64_t>())
@@ -521,4 +523,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
              pybind11::arg("logit_rows") = std::nullopt)
         .def("matmul", &PackedModel::matmul)
         .def_property_readonly("kernels", &PackedModel::kernels);
+    pybind11::class_<PackedDrafter>(m, "PackedDrafter")
+        .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, double, std::vector<at::Tensor>,
+                            std::vector<at::Tensor>, at::Tensor, at::Tensor>())
+        .def("extend", &PackedDrafter::extend)
+        .def("block", &PackedDrafter::block);
 }

@@ -4,8 +4,9 @@ rounded to int8 per block of 32.
 A drafter's round on a CPU is bound by reading its weights, as the target's step is: the published drafter's two
 layers hold 32 MB in float32 and its draft vocabulary's rows of the LM head 38 MB, read every round, which cost
 more than a whole packed step of the target. Served from Q8_0 blocks they read a quarter of that. Only serving
-swaps them in (:func:`pack_linears`, :meth:`backends.dspark.vocab.DraftVocab.serve_from`): training keeps the
-float32 layers and their gradients. A drafter only proposes, so its rounding changes what it drafts, never what
+swaps them in (:meth:`backends.dspark.drafter.DSparkDrafter.serve_from`, whose backbone runs the same blocks in one
+compiled call, and :meth:`backends.dspark.vocab.DraftVocab.serve_from`): training keeps the float32 layers and
+their gradients. A drafter only proposes, so its rounding changes what it drafts, never what
 verification commits.
 """
 
@@ -44,9 +45,7 @@ class PackedLinear(nn.Module):
     @classmethod
     def quantized(cls, linear: nn.Linear) -> PackedLinear:
         """``linear``'s weight rounded to Q8_0 blocks (as llama.cpp's quantiser rounds them)."""
-        weight = linear.weight.detach().float().cpu().numpy()
-        blocks = torch.from_numpy(gguf.quants.quantize(weight, QUANTIZED))
-        packed = cls.of_blocks(BlockTensor(blocks, QUANTIZED, tuple(weight.shape)))
+        packed = cls.of_blocks(q8_blocks(linear.weight))
         packed.bias = None if linear.bias is None else linear.bias.detach()
         return packed
 
@@ -56,14 +55,7 @@ class PackedLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
 
-def pack_linears(module: nn.Module) -> int:
-    """Every ``nn.Linear`` inside ``module`` whose input width is a multiple of 32 (a block) replaced by its
-    :meth:`PackedLinear.quantized`; how many were."""
-    count = 0
-    for name, child in module.named_children():
-        if isinstance(child, nn.Linear) and child.in_features % BLOCK == 0:
-            setattr(module, name, PackedLinear.quantized(child))
-            count += 1
-        else:
-            count += pack_linears(child)
-    return count
+def q8_blocks(weight: torch.Tensor) -> BlockTensor:
+    """A weight [out, in] rounded to Q8_0 blocks, as llama.cpp's quantiser rounds them."""
+    array = weight.detach().float().cpu().numpy()
+    return BlockTensor(torch.from_numpy(gguf.quants.quantize(array, QUANTIZED)), QUANTIZED, tuple(array.shape))
