@@ -230,7 +230,7 @@ class DSparkDrafter(nn.Module):
         """Serve from 8-bit blocks on the packed engine: the draft vocabulary's LM-head rows as the GGUF has them,
         and the Markov head's table, the context projection and the layers rounded to Q8_0; the backbone, context
         projection included, runs as one compiled call (``drafter_block.h``), which took the Zen 4's backbone pass
-        from 0.94 ms in torch to 0.29 ms. A round then reads a quarter of the bytes; serving only, since training
+        from 0.89 ms in torch to 0.29 ms. A round then reads a quarter of the bytes; serving only, since training
         needs the float32 weights and their gradients."""
         self.vocab.serve_from(packed)
         self.markov_head.markov_w2 = PackedLinear.quantized(self.markov_head.markov_w2)

@@ -332,7 +332,7 @@ def decode(
                 tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused
             )
             rounds.verified(len(tokens), accepted, proposal.copied)
-            if proposal.match is not None and schedule.verification == "exact":  # unverified, nothing was measured
+            if proposal.copied and schedule.verification == "exact":  # unverified, nothing was measured
                 state.copies.add(proposal.match, request.greedy, len(tokens), accepted)
             elif tokens:
                 state.drafts.add(len(tokens), accepted, state.survival.conditional(len(tokens)))

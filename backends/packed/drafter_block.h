@@ -1,7 +1,8 @@
 // The published drafter's backbone on 8-bit blocks: the same computation as DSparkDrafter's torch layers
 // (backends/dspark/drafter.py), one call for a round's block and one for the context a round committed. In torch
 // a round ran some 60 operations on a handful of tokens, each 10-15 us of dispatch on 2 cores: the backbone took
-// 0.9-1.0 ms where its weights take about 0.2 ms to read. Included by kernels.cpp, after Matrix and multiply.
+// 0.9-1.0 ms where its weights take about 0.2 ms to read. Included by kernels.cpp, after Matrix, multiply and
+// add_into.
 //
 // The context's keys and values live in the caller's buffers, [layers, kv_heads, capacity, head_dim] each
 // (ContextCache), written at the positions they were committed at. The block's own keys and values exist only for
@@ -115,12 +116,12 @@ class PackedDrafter {
             }
             attend(q.data(), kv.data(), L, keys, values, start, l, att.data());
             multiply(kernels_, m[2], att.data(), L, proj.data(), scratch);
-            for (int64_t i = 0; i < L * hidden_; ++i) xp[i] += proj[i];
+            add_into(xp, proj.data(), L * hidden_);
             kernels_.rms_norm(xp, L, hidden_, norm[1].data_ptr<float>(), eps_, h.data());
             multiply(kernels_, m[3], h.data(), L, gate_up.data(), scratch);
             kernels_.silu_mul(gate_up.data(), L, ffn_, act.data());
             multiply(kernels_, m[4], act.data(), L, proj.data(), scratch);
-            for (int64_t i = 0; i < L * hidden_; ++i) xp[i] += proj[i];
+            add_into(xp, proj.data(), L * hidden_);
         }
         kernels_.rms_norm(xp, L, hidden_, norms_[1].data_ptr<float>(), eps_, out.data_ptr<float>());
         return out;

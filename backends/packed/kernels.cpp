@@ -338,6 +338,11 @@ at::Tensor matmul_of(const Kernels& kernels, const Matrix& m, at::Tensor x) {
     return y;
 }
 
+// x += y: a layer's residual connection.
+void add_into(float* x, const float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
 // One matrix on its own (a drafter's rows of the LM head): its product with float32 activations.
 class PackedMatrix {
    public:
@@ -494,10 +499,6 @@ class PackedModel {
                             dim_ * sizeof(float));
             }
         }
-    }
-
-    static void add_into(float* x, const float* y, int64_t n) {
-        for (int64_t i = 0; i < n; ++i) x[i] += y[i];
     }
 
     int64_t hidden_, heads_, kv_heads_, dim_, ffn_, layers_ = 0;
