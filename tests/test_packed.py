@@ -175,6 +175,36 @@ def test_the_served_drafters_backbone_is_its_torch_layers_in_one_compiled_call(s
     assert error(hidden, float_hidden).max() < 0.04
 
 
+def test_the_served_markov_stage_is_its_torch_loop_in_one_compiled_call(served, backends):
+    """A greedy round's sequential stage (``PackedMatrix.greedy_chain``) picks the tokens the torch loop picks on
+    the same Q8_0 transition blocks: from the drafter's own base logits, and from base logits so flat that the
+    transition bias decides (where a chain that ignored it, or lost the previous token, would differ)."""
+    drafter = backends[1].drafter
+    head, vocab = drafter.markov_head, drafter.vocab
+    w2 = head.markov_w2
+    assert w2.matrix is not None
+    ids = _ids(served, PROMPTS[0])
+    n = len(ids)
+    _, _, states = served.packed.forward(
+        torch.tensor(ids), torch.zeros(n, dtype=torch.long), torch.arange(n), [served.packed.new_cache(n)], True
+    )
+    context = drafter.new_context()
+    drafter.extend_context(context, torch.cat([states[i + 1] for i in drafter.config.target_layer_ids], dim=-1))
+    generator = torch.Generator().manual_seed(0)
+    bases = [drafter.base_logits(drafter.draft_hidden(context, anchor)) for anchor in ids[-3:]]
+    bases += [1e-3 * torch.randn(drafter.block_size, vocab.size, generator=generator) for _ in range(3)]
+    anchors = [*ids[-3:], *ids[:3]]
+    compiled = [head.greedy(base, anchor, vocab) for base, anchor in zip(bases, anchors)]
+    try:
+        head.markov_w2 = PackedLinear(w2.matmul, w2.out_features, w2.in_features)
+        looped = [head.greedy(base, anchor, vocab) for base, anchor in zip(bases, anchors)]
+    finally:
+        head.markov_w2 = w2
+    assert compiled == looped
+    plain = [vocab.target_ids(base.argmax(dim=-1)).tolist() for base in bases[3:]]
+    assert all(chain != argmax for chain, argmax in zip(compiled[3:], plain))
+
+
 def test_pools_on_one_model_share_one_packed_copy(served, backends):
     plain, dspark = backends
     assert plain.loaded.packed is dspark.loaded.packed is served.packed

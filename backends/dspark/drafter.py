@@ -147,6 +147,22 @@ class MarkovHead(nn.Module):
         """U_k + B(x_{k-1}) for one block position: the sequential stage runs this gamma times a round."""
         return base_row + self.markov_w2(self.markov_w1.weight[previous])
 
+    def greedy(self, base: torch.Tensor, anchor: int, vocab: DraftVocab) -> list[int]:
+        """The sequential stage of a greedy round: each position's argmax of U_k + B(previous token) over ``base``
+        [positions, draft size], left to right from ``anchor``, as target ids. Where W2 is served from blocks it
+        runs as one compiled call (``PackedMatrix.greedy_chain``): in torch a step is some five operations of
+        dispatch, and the stage was a third of the drafter's pass once its backbone was compiled."""
+        matrix = getattr(self.markov_w2, "matrix", None)
+        if matrix is not None:
+            ids = vocab.ids if vocab.ids is not None else torch.empty(0, dtype=torch.long)
+            table = self.markov_w1.weight.detach().float().contiguous()
+            return matrix.greedy_chain(base.float().contiguous(), table, ids.cpu(), anchor)
+        tokens, token = [], anchor
+        for row in base:
+            token = int(vocab.target_ids(torch.argmax(self.step(row, token).float())))
+            tokens.append(token)
+        return tokens
+
 
 class ConfidenceHead(nn.Module):
     def __init__(self, input_dim: int) -> None:

@@ -147,19 +147,16 @@ def sample_block(
 ) -> tuple[list[int], list[torch.Tensor]]:
     """The Markov head's sequential stage: each block position's token from U_k + B(previous token), left to
     right from the anchor, with (sampling only) the distribution it was drawn from over the whole vocabulary."""
+    vocab = drafter.vocab
+    if request.greedy:
+        return drafter.markov_head.greedy(base, anchor, vocab), []
     tokens: list[int] = []
     rows: list[torch.Tensor] = []
     token = anchor
-    vocab = drafter.vocab
     for row in base:
-        logits = drafter.markov_head.step(row, token).float()
-        if request.greedy:
-            drawn = torch.argmax(logits)
-        else:
-            probs = token_probs(logits, request)
-            drawn = sample(probs, generator)
-            rows.append(vocab.widen(probs))
-        token = int(vocab.target_ids(drawn))
+        probs = token_probs(drafter.markov_head.step(row, token).float(), request)
+        rows.append(vocab.widen(probs))
+        token = int(vocab.target_ids(sample(probs, generator)))
         tokens.append(token)
     return tokens, rows
 

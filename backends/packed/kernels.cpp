@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <vector>
@@ -343,6 +344,22 @@ void add_into(float* x, const float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
+// The index of the first largest of x[0, n) (torch.argmax's choice on ties), its maximum taken 8 lanes at a time: a
+// scalar running maximum is one dependent compare an element, some 40 us over a 16,384-token draft vocabulary.
+// A maximum does not depend on the order it is taken in, so the lanes give the scalar loop's answer (NaN logits,
+// which have no maximum, give 0).
+inline int64_t first_argmax(const float* x, int64_t n) {
+    __m256 lanes = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) lanes = _mm256_max_ps(lanes, _mm256_loadu_ps(x + i));
+    float top[8];
+    _mm256_storeu_ps(top, lanes);
+    float best = *std::max_element(top, top + 8);
+    for (; i < n; ++i) best = std::max(best, x[i]);
+    const int64_t at = std::find(x, x + n, best) - x;
+    return at < n ? at : 0;
+}
+
 // One matrix on its own (a drafter's rows of the LM head): its product with float32 activations.
 class PackedMatrix {
    public:
@@ -350,6 +367,39 @@ class PackedMatrix {
         : m_(checked_matrix(data, static_cast<int>(fmt), rows, cols, true, "the matrix")), kernels_(pick_kernels()) {}
 
     at::Tensor matmul(at::Tensor x) const { return matmul_of(kernels_, m_, x); }
+
+    // The greedy chain of a low-rank Markov head whose transition matrix W2 [rows, cols] this is, with W1 the
+    // float32 table [vocab, cols]: from token `previous`, step k's token is the argmax of base[k] + W2 W1[previous]
+    // (the first on ties, as torch.argmax), mapped through ids (a draft vocabulary's target ids; empty where the
+    // draft vocabulary is the whole one), and it is the next step's previous token. One call for a round's steps,
+    // which torch ran as some five operations a step.
+    std::vector<int64_t> greedy_chain(at::Tensor base, at::Tensor table, at::Tensor ids, int64_t previous) const {
+        TORCH_CHECK(base.dtype() == at::kFloat && base.is_contiguous() && base.dim() == 2 && base.size(1) == m_.rows,
+                    "base must be contiguous float32 [n, ", m_.rows, "]");
+        TORCH_CHECK(table.dtype() == at::kFloat && table.is_contiguous() && table.dim() == 2 &&
+                        table.size(1) == m_.cols,
+                    "table must be contiguous float32 [vocab, ", m_.cols, "]");
+        TORCH_CHECK(ids.dtype() == at::kLong && ids.is_contiguous() && (ids.numel() == 0 || ids.numel() == m_.rows),
+                    "ids must be contiguous int64, empty or ", m_.rows);
+        const int64_t n = base.size(0), vocab = table.size(0);
+        const float* rows = base.data_ptr<float>();
+        const float* w1 = table.data_ptr<float>();
+        const int64_t* targets = ids.numel() ? ids.data_ptr<int64_t>() : nullptr;
+        std::vector<int64_t> tokens;
+        std::vector<float> transition(m_.rows);
+        pybind11::gil_scoped_release no_gil;
+        QuantizedRows scratch;
+        for (int64_t k = 0; k < n; ++k) {
+            TORCH_CHECK(previous >= 0 && previous < vocab, "token ", previous, " is outside the table");
+            multiply(kernels_, m_, w1 + previous * m_.cols, 1, transition.data(), scratch);
+            const float* row = rows + k * m_.rows;
+            for (int64_t i = 0; i < m_.rows; ++i) transition[i] += row[i];
+            const int64_t best = first_argmax(transition.data(), m_.rows);
+            previous = targets ? targets[best] : best;
+            tokens.push_back(previous);
+        }
+        return tokens;
+    }
 
    private:
     Matrix m_;
@@ -514,7 +564,8 @@ class PackedModel {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     pybind11::class_<PackedMatrix>(m, "PackedMatrix")
         .def(pybind11::init<at::Tensor, int64_t, int64_t, int64_t>())
-        .def("matmul", &PackedMatrix::matmul);
+        .def("matmul", &PackedMatrix::matmul)
+        .def("greedy_chain", &PackedMatrix::greedy_chain);
     pybind11::class_<PackedModel>(m, "PackedModel")
         .def(pybind11::init<int64_t, int64_t, int64_t, int64_t, int64_t, double, std::vector<at::Tensor>,
                             std::vector<int64_t>, std::vector<int64_t>, std::vector<at::Tensor>, at::Tensor,

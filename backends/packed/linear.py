@@ -13,6 +13,7 @@ verification commits.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import gguf
 import torch
@@ -30,17 +31,25 @@ class PackedLinear(nn.Module):
     """``y = x W^T (+ b)`` through the kernels' ``matmul`` of a packed W [out_features, in_features]."""
 
     def __init__(
-        self, matmul: Callable[[torch.Tensor], torch.Tensor], out_features: int, in_features: int, bias=None
+        self,
+        matmul: Callable[[torch.Tensor], torch.Tensor],
+        out_features: int,
+        in_features: int,
+        bias=None,
+        matrix: Any = None,
     ) -> None:
         super().__init__()
         self.matmul, self.out_features, self.in_features = matmul, out_features, in_features
         self.bias = bias
+        self.matrix = matrix
+        """The kernels' ``PackedMatrix`` where the layer is a matrix of its own (for calls beyond ``matmul``, such as
+        the Markov head's ``greedy_chain``), else None: rows of the engine's LM head."""
 
     @classmethod
     def of_blocks(cls, matrix: BlockTensor) -> PackedLinear:
         """A matrix in a GGUF block format the kernels read."""
         packed = kernels().PackedMatrix(tiled(matrix), KERNEL_TYPES[matrix.ggml_type], *matrix.shape)
-        return cls(packed.matmul, *matrix.shape)
+        return cls(packed.matmul, *matrix.shape, matrix=packed)
 
     @classmethod
     def quantized(cls, linear: nn.Linear) -> PackedLinear:
