@@ -344,10 +344,11 @@ def test_pool_and_request_choose_the_drafter(tiny_model_paths, tmp_path):
     with pytest.raises(InvalidRequestError, match="no published drafter"):
         heads_only.complete(GenerationRequest(prompt="x", max_tokens=4, temperature=0.0, dspark={"drafter": "dspark"}))
     unnamed = load_backend(PoolConfig(backend="dspark", model=str(folder)))
-    assert (unnamed.default, unnamed.schedule.lookup) == (DEFAULT_DRAFTER, DEFAULT_LOOKUP) == ("dspark", "only")
-    assert unnamed.draft_s == 0.0  # copies are looked up: no drafter pass for the router to weigh
-    hybrid = load_backend(PoolConfig(backend="dspark", model=str(folder), decoding={"lookup": "beside"}))
-    assert (hybrid.default, hybrid.schedule.lookup) == ("dspark", "beside") and hybrid.draft_s > 0
+    assert (unnamed.default, unnamed.schedule.lookup) == (DEFAULT_DRAFTER, DEFAULT_LOOKUP) == ("dspark", "beside")
+    assert unnamed.draft_s > 0  # the hybrid drafts: the router weighs its pass
+    copies = load_backend(PoolConfig(backend="dspark", model=str(folder), decoding={"lookup": "only"}))
+    assert (copies.default, copies.schedule.lookup) == ("dspark", "only")
+    assert copies.draft_s == 0.0  # copies are looked up: no drafter pass for the router to weigh
 
 
 def test_draft_probabilities_are_the_ones_sampled_from(qwen3_path):

@@ -36,20 +36,16 @@ from backends.types import DSparkOptions, GenerationRequest, GenerationStats
 
 Drafter = Literal["heads", "dspark"]
 DEFAULT_DRAFTER: Drafter = "dspark"
-DEFAULT_LOOKUP: Lookup = "only"
-"""The decoding a pool uses when its config names none and the model folder carries that drafter: whichever
-variant was fastest on ``bench decode`` with the shipped model (see the README). Blocks copied from the context
-alone were the fastest on 11 of 12 sets on an Intel Xeon, on 9 of 12 on a Zen 5 EPYC and on 9 of 12 on a Zen 4
-(the hybrid on the other 3, at 0.91-1.07x the faster of copies alone and the drafter alone), on 11 of 12 on a
-Xeon again once copies were kept by the length of their match (the hybrid on GSM8K, at 0.83-1.03x the faster of
-the two), and on the classifier's subtasks: on these 2-core CPUs the published drafter's pass cost about a
-target step, and the hybrid's per-round choice does not yet make it pay back everywhere. Once the drafter's
-backbone ran as one compiled call (a pass 0.27 of a step), the Zen 4 put the hybrid first on 9 of 12 sets (8 at
-the commit before): the next candidate for this default, once the classifier and the load benchmarks are
-measured with it. The published drafter
-stays loaded, so a pool's ``decoding.lookup`` or a request's ``dspark.lookup`` (``beside``: the hybrid; ``off``:
-the drafter alone) picks it without naming a drafter; the hybrid was faster than the span heads on all 12 sets on
-all four CPUs."""
+DEFAULT_LOOKUP: Lookup = "beside"
+"""The decoding a pool uses when its config names none and the model folder carries that drafter: the hybrid,
+the drafter's block or a copied one chosen per round by their measured acceptance. It became the default once the
+drafter's pass was compiled (backbone, then the greedy Markov stage): a pass then cost 0.27 of a plain step on a
+Zen 4 and about 0.15 on an Intel Xeon, and ``bench decode`` put the hybrid first or tied first on 9 of 12 sets on
+both (the README has the runs). Before, when a pass cost about a step, blocks copied from the context alone
+(``only``) were the default, fastest on 9-11 of 12 sets on four CPUs. The published drafter stays loaded either
+way, so a pool's ``decoding.lookup`` or a request's ``dspark.lookup`` (``only``: copies alone; ``off``: the drafter
+alone) picks another without naming a drafter; the hybrid was faster than the span heads on all 12 sets on every
+CPU measured."""
 
 
 class DSparkBackend(LocalBackend):
