@@ -40,8 +40,8 @@ DEFAULT_LOOKUP: Lookup = "beside"
 """The decoding a pool uses when its config names none and the model folder carries that drafter: the hybrid,
 the drafter's block or a copied one chosen per round by their measured acceptance. It became the default once the
 drafter's pass was compiled (backbone, then the greedy Markov stage): a pass then cost 0.27 of a plain step on a
-Zen 4 and about 0.15 on an Intel Xeon, and ``bench decode`` put the hybrid first or tied first on 9 of 12 sets on
-both (the README has the runs). Before, when a pass cost about a step, blocks copied from the context alone
+Zen 4 and 0.18 on an Intel Xeon, and ``bench decode`` put the hybrid first on 9 of 12 sets on the Zen 4 and on 8
+of 12 on the Xeon (the README has the runs). Before, when a pass cost about a step, blocks copied from the context alone
 (``only``) were the default, fastest on 9-11 of 12 sets on four CPUs. The published drafter stays loaded either
 way, so a pool's ``decoding.lookup`` or a request's ``dspark.lookup`` (``only``: copies alone; ``off``: the drafter
 alone) picks another without naming a drafter; the hybrid was faster than the span heads on all 12 sets on every
