@@ -11,7 +11,10 @@ blocks) and transformers (float32, and bfloat16 where the CPU has it):
   machine streams memory), and the step over it;
 - verifying passes of 4 and 8 tokens over one step;
 - where the packed engine's step goes: its weight matrices alone (each multiplied on its own), the kernel call
-  (adding attention, norms and the rest), and the Python around it.
+  (adding attention, norms and the rest), and the Python around it;
+- the packed engine's step after contexts of :data:`CONTEXTS` tokens, beside the bytes of float32 keys and values
+  its attention reads there: past about a thousand tokens the cache is read as much as the weights, which a step
+  after :data:`CONTEXT` tokens does not show.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from benchmarks.output import write_json
 
 CONTEXT = 256
 TOKENS = (1, 2, 4, 8, 16)
+CONTEXTS = (16, 256, 1024, 4096)
 
 
 def median_ms(work: Callable[[], object], repeats: int, reset: Callable[[], object] | None = None) -> float:
@@ -66,6 +70,21 @@ def forward_costs(loaded: LoadedModel, repeats: int) -> dict[int, float]:
     for n in TOKENS:
         ids = torch.randint(vocab, (n,), generator=generator).tolist()
         costs[n] = median_ms(lambda ids=ids: kv.step([ids], True), repeats, reset=lambda n=n: kv.rewind(row, n))
+    return costs
+
+
+def step_by_context(loaded: LoadedModel, repeats: int) -> dict[int, dict[str, float]]:
+    """A one-token step's median ms after each of :data:`CONTEXTS` tokens, and the MB of keys and values (float32,
+    every layer) its attention reads there."""
+    shape = loaded.packed.shape
+    cache_bytes = 2 * 4 * shape.layers * shape.kv_heads * shape.head_dim
+    generator = torch.Generator().manual_seed(0)
+    costs = {}
+    for context in CONTEXTS:
+        kv, row = batch_kv(loaded), object()
+        kv.prefill([row], [torch.randint(shape.vocab, (context,), generator=generator).tolist()])
+        step = median_ms(lambda kv=kv: kv.step([[7]]), repeats, reset=lambda kv=kv, row=row: kv.rewind(row, 1))
+        costs[context] = {"step_ms": step, "cache_mb": cache_bytes * context / 1e6}
     return costs
 
 
@@ -105,6 +124,7 @@ def measure(model: Path, repeats: int) -> dict:
                 "read_floor_ms": floor,
                 "step_over_floor": costs[1] / floor,
                 "breakdown": packed_breakdown(loaded, repeats),
+                "step_by_context": step_by_context(loaded, repeats),
             }
         report["engines"][name] = entry
     return report
@@ -129,6 +149,10 @@ def format_table(report: dict) -> str:
         lines.append(
             f"one step: layer weights {b['layer_weights_ms']:.1f}, LM head {b['lm_head_ms']:.1f}, "
             f"kernel call {b['kernel_call_ms']:.1f} ms ({packed['kernels']})"
+        )
+        lines.append(
+            "step after context: "
+            + ", ".join(f"{n}: {c['step_ms']:.1f} ms" for n, c in packed["step_by_context"].items())
         )
     return "\n".join(lines)
 

@@ -209,6 +209,20 @@ def engine(data: dict, results: Path, base: Path) -> str:
             f"kernel call {b['kernel_call_ms']:.2f} ms (attention, norms and the rest are the difference), the Python "
             f"around it the rest of the 1-token column."
         )
+        by_context = packed.get("step_by_context")
+        if by_context:
+            parts.append(
+                "A one-token step by the context before it, beside the float32 keys and values its attention reads:"
+            )
+            parts.append(
+                table(
+                    ["context", "step ms", "cache MB read", "step / floor"],
+                    [
+                        [f"{int(n):,}", c["step_ms"], c["cache_mb"], c["step_ms"] / packed["read_floor_ms"]]
+                        for n, c in by_context.items()
+                    ],
+                )
+            )
     parts.append(_image(results, "engine.png", base, "forward cost by tokens in it"))
     return "\n\n".join(p for p in parts if p)
 
