@@ -74,10 +74,12 @@ def forward_costs(loaded: LoadedModel, repeats: int) -> dict[int, float]:
 
 
 def step_by_context(loaded: LoadedModel, repeats: int) -> dict[int, dict[str, float]]:
-    """A one-token step's median ms after each of :data:`CONTEXTS` tokens, and the MB of keys and values (float32,
-    every layer) its attention reads there."""
+    """A one-token step's median ms after each of :data:`CONTEXTS` tokens, and the MB of keys and values (every
+    layer's, as the engine stores them: its own cache of one chunk of positions gives the bytes a position takes)
+    its attention reads there."""
     shape = loaded.packed.shape
-    cache_bytes = 2 * 4 * shape.layers * shape.kv_heads * shape.head_dim
+    keys, values = loaded.packed.new_cache(1)
+    cache_bytes = (keys.nbytes + values.nbytes) / values.shape[2]
     generator = torch.Generator().manual_seed(0)
     costs = {}
     for context in CONTEXTS:
