@@ -12,7 +12,7 @@ blocks) and transformers (float32, and bfloat16 where the CPU has it):
 - verifying passes of 4 and 8 tokens over one step;
 - where the packed engine's step goes: its weight matrices alone (each multiplied on its own), the kernel call
   (adding attention, norms and the rest), and the Python around it;
-- the packed engine's step after contexts of :data:`CONTEXTS` tokens, beside the bytes of float32 keys and values
+- the packed engine's step after contexts of :data:`CONTEXTS` tokens, beside the bytes of fp16 keys and values
   its attention reads there: past about a thousand tokens the cache is read as much as the weights, which a step
   after :data:`CONTEXT` tokens does not show.
 """

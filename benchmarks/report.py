@@ -212,7 +212,7 @@ def engine(data: dict, results: Path, base: Path) -> str:
         by_context = packed.get("step_by_context")
         if by_context:
             parts.append(
-                "A one-token step by the context before it, beside the float32 keys and values its attention reads:"
+                "A one-token step by the context before it, beside the keys and values its attention reads:"
             )
             parts.append(
                 table(

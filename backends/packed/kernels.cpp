@@ -4,7 +4,7 @@
 // call runs the whole forward: embedding, every layer, final norm and LM head, with the GIL released, so Python
 // pays one dispatch per forward, not one per operation.
 //
-// Each sequence owns its KV cache: values [layers, kv_heads, capacity, head_dim], keys [layers, kv_heads,
+// Each sequence owns its KV cache, in fp16: values [layers, kv_heads, capacity, head_dim], keys [layers, kv_heads,
 // capacity / 16, head_dim, 16] (16 positions side by side, for attention's scores); a token is written at its position
 // and attends to positions 0..pos of its own sequence. So a ragged batch needs no padding and no mask, and a
 // rejected draft is forgotten by moving the sequence's length back: the next forward overwrites its slots.
@@ -28,6 +28,13 @@ constexpr int FMT_F32 = 0;
 constexpr int FMT_Q4_1 = 3;  // GGML type ids
 constexpr int FMT_Q8_0 = 8;
 constexpr int64_t ROW_TILE = 64;
+// Positions one piece of a head's attention covers (flash-decoding): a head that sees more is weighed piece by
+// piece and the pieces combined, so a decoding token's few key-value heads still make work for every core. Fixed,
+// so how a head's positions are split depends on its own position alone.
+constexpr int64_t SPLIT = 128;
+// A sequence's consecutive tokens taken together (a verifying pass's, or a prompt's 16 at a time): each chunk of
+// keys and values is read from memory once for all their query heads, and from cache for each group of four.
+constexpr int64_t RUN = 16;
 
 constexpr int64_t block_bytes(int fmt) { return fmt == FMT_Q4_1 ? 20 : fmt == FMT_Q8_0 ? 34 : 128; }
 
@@ -268,8 +275,8 @@ struct Kernels {
     void (*rms_norm)(const float*, int64_t, int64_t, const float*, float, float*);
     void (*silu_mul)(const float*, int64_t, int64_t, float*);
     void (*attention)(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*, const int64_t*,
-                      const std::vector<float*>&, const std::vector<float*>&, const std::vector<int64_t>&, int64_t,
-                      float*);
+                      const std::vector<uint16_t*>&, const std::vector<uint16_t*>&, const std::vector<int64_t>&,
+                      int64_t, float*);
 };
 
 // DSPARK_KERNELS=avx2 runs the AVX2 build on any CPU; =avx512 is honoured only where the CPU has AVX-512 (else its
@@ -454,15 +461,16 @@ class PackedModel {
             for (int64_t i = 0; i < L; ++i) TORCH_CHECK(picked[i] >= 0 && picked[i] < T, "logit row out of range");
         }
         at::Tensor logits = at::empty({L, matrices_[1].rows}, f32);
-        std::vector<float*> key_ptrs, value_ptrs;
+        std::vector<uint16_t*> key_ptrs, value_ptrs;
         std::vector<int64_t> caps;
         for (size_t s = 0; s < keys.size(); ++s) {
             const int64_t cap = values[s].size(2);
             TORCH_CHECK(keys[s].is_contiguous() && values[s].is_contiguous() && cap % 16 == 0 &&
+                            keys[s].dtype() == at::kHalf && values[s].dtype() == at::kHalf &&
                             keys[s].numel() == values[s].numel() && values[s].size(0) == layers_,
                         "sequence ", s, "'s cache is not one of new_cache's");
-            key_ptrs.push_back(keys[s].data_ptr<float>());
-            value_ptrs.push_back(values[s].data_ptr<float>());
+            key_ptrs.push_back(reinterpret_cast<uint16_t*>(keys[s].data_ptr<at::Half>()));
+            value_ptrs.push_back(reinterpret_cast<uint16_t*>(values[s].data_ptr<at::Half>()));
             caps.push_back(cap);
         }
         const int64_t* tok = tokens.data_ptr<int64_t>();
@@ -525,7 +533,7 @@ class PackedModel {
     // RoPE on q and k in GGUF's row order (each head's pairs interleaved: element 2i with 2i + 1, frequency i),
     // then k and v into the token's slot of its sequence's cache.
     void rope_and_store(float* qkv, int64_t T, const int64_t* seq, const int64_t* pos, int64_t layer,
-                        const std::vector<float*>& keys, const std::vector<float*>& values,
+                        const std::vector<uint16_t*>& keys, const std::vector<uint16_t*>& values,
                         const std::vector<int64_t>& caps) const {
         const int64_t width = (heads_ + 2 * kv_heads_) * dim_, half = dim_ / 2;
         for (int64_t t = 0; t < T; ++t) {
@@ -542,11 +550,14 @@ class PackedModel {
             }
             for (int64_t h = 0; h < kv_heads_; ++h) {
                 const int64_t head = (layer * kv_heads_ + h) * caps[seq[t]] * dim_;
-                float* key = keys[seq[t]] + head + pos[t] / 16 * dim_ * 16 + pos[t] % 16;
+                uint16_t* key = keys[seq[t]] + head + pos[t] / 16 * dim_ * 16 + pos[t] % 16;
+                uint16_t* value = values[seq[t]] + head + pos[t] * dim_;
                 const float* k = row + (heads_ + h) * dim_;
-                for (int64_t d = 0; d < dim_; ++d) key[d * 16] = k[d];
-                std::memcpy(values[seq[t]] + head + pos[t] * dim_, row + (heads_ + kv_heads_ + h) * dim_,
-                            dim_ * sizeof(float));
+                const float* v = row + (heads_ + kv_heads_ + h) * dim_;
+                for (int64_t d = 0; d < dim_; ++d) {
+                    key[d * 16] = _cvtss_sh(k[d], _MM_FROUND_TO_NEAREST_INT);
+                    value[d] = _cvtss_sh(v[d], _MM_FROUND_TO_NEAREST_INT);
+                }
             }
         }
     }
@@ -562,6 +573,7 @@ class PackedModel {
 #include "drafter_block.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+    m.attr("ATTENTION_SPLIT") = SPLIT;
     pybind11::class_<PackedMatrix>(m, "PackedMatrix")
         .def(pybind11::init<at::Tensor, int64_t, int64_t, int64_t>())
         .def("matmul", &PackedMatrix::matmul)

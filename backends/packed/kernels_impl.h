@@ -8,6 +8,9 @@
 // other rows of the batch. So a token's logits are the same alone, in a verifying pass of 8, or beside 15 other
 // requests, and greedy speculative decoding commits exactly what plain decoding would.
 
+// 16 fp16 values (the KV cache's, or a tile's scales) as float32: exact, in either build.
+inline V half_to_v(const uint16_t* p) { return half_to_v(reinterpret_cast<const uint8_t*>(p)); }
+
 inline void dequant_q4_1(const uint8_t* block, V& w0, V& w1) {
     // w = d * q + m, q in [0, 15]: element j's nibble is the low half of byte j, element j + 16's the high half.
     const V d = vset(_cvtsh_ss(*reinterpret_cast<const uint16_t*>(block)));
@@ -227,14 +230,16 @@ void silu_mul(const float* gate_up, int64_t T, int64_t ffn, float* out) {
     }
 }
 
-// Softmax over one head's scores at positions 0..n-1 (the last chunk's positions past n hold no key of this
-// token's: they count as -inf, then as 0), in place; the sum of the exponentials.
-inline float softmax_weights(float* scores, int64_t n, int64_t chunks) {
+// Softmax over one head's scores at n positions (the last chunk's positions past n hold no key of this head's:
+// they count as -inf, then as 0), in place; the sum of the exponentials, and in shift the largest score, which
+// every exponent is taken from.
+inline float softmax_weights(float* scores, int64_t n, int64_t chunks, float& shift) {
     for (int64_t j = n; j < chunks * 16; ++j) scores[j] = -INFINITY;
     V top = vload(scores);
     for (int64_t j = 16; j < n; j += 16) top = vmax(top, vload(scores + j));
-    const V shift = vset(hmax(top));
-    for (int64_t j = 0; j < n; j += 16) vstore(scores + j, vexp(vsub(vload(scores + j), shift)));
+    shift = hmax(top);
+    const V s = vset(shift);
+    for (int64_t j = 0; j < n; j += 16) vstore(scores + j, vexp(vsub(vload(scores + j), s)));
     for (int64_t j = n; j < chunks * 16; ++j) scores[j] = 0.0f;
     V sum = vzero();
     for (int64_t j = 0; j < n; j += 16) sum = vadd(sum, vload(scores + j));
@@ -245,11 +250,12 @@ inline float softmax_weights(float* scores, int64_t n, int64_t chunks) {
 template <int G>
 constexpr int64_t VALUE_CHUNKS = G <= 2 ? 4 : 2;
 
-// out[g] = sum_j scores[g][j] v[j] * inverse[g] over C chunks of 16 of the head's dimensions, even and odd
-// positions in two accumulators added at the end: the same order for any chunking, so the same bits.
+// out[g] = sum_j w[g][j] v[j] * scale[g] over n positions and C chunks of 16 of the head's dimensions, even and odd
+// positions in two accumulators added at the end: the same order for any chunking, so the same bits. A head whose
+// own positions end before n has weight 0 past them, which adds nothing.
 template <int G, int64_t C>
-inline void weigh_values(const float* scores, int64_t width, const float* v, int64_t n, int64_t dim,
-                         const float* inverse, float* out) {
+inline void weigh_values(float* const* w, const uint16_t* v, int64_t n, int64_t dim, const float* scale,
+                         float* const* out, int64_t c0) {
     V even[G][C], odd[G][C];
     for (int g = 0; g < G; ++g) {
         for (int64_t c = 0; c < C; ++c) even[g][c] = odd[g][c] = vzero();
@@ -257,85 +263,213 @@ inline void weigh_values(const float* scores, int64_t width, const float* v, int
     int64_t j = 0;
     for (; j + 1 < n; j += 2) {
         for (int64_t c = 0; c < C; ++c) {
-            const V a = vload(v + j * dim + c * 16), b = vload(v + (j + 1) * dim + c * 16);
+            const V a = half_to_v(v + j * dim + (c0 + c) * 16), b = half_to_v(v + (j + 1) * dim + (c0 + c) * 16);
             for (int g = 0; g < G; ++g) {
-                even[g][c] = vfma(vset(scores[g * width + j]), a, even[g][c]);
-                odd[g][c] = vfma(vset(scores[g * width + j + 1]), b, odd[g][c]);
+                even[g][c] = vfma(vset(w[g][j]), a, even[g][c]);
+                odd[g][c] = vfma(vset(w[g][j + 1]), b, odd[g][c]);
             }
         }
     }
     if (j < n) {
         for (int64_t c = 0; c < C; ++c) {
-            const V a = vload(v + j * dim + c * 16);
-            for (int g = 0; g < G; ++g) even[g][c] = vfma(vset(scores[g * width + j]), a, even[g][c]);
+            const V a = half_to_v(v + j * dim + (c0 + c) * 16);
+            for (int g = 0; g < G; ++g) even[g][c] = vfma(vset(w[g][j]), a, even[g][c]);
         }
     }
     for (int g = 0; g < G; ++g) {
         for (int64_t c = 0; c < C; ++c) {
-            vstore(out + g * dim + c * 16, vmul(vadd(even[g][c], odd[g][c]), vset(inverse[g])));
+            vstore(out[g] + (c0 + c) * 16, vmul(vadd(even[g][c], odd[g][c]), vset(scale[g])));
         }
     }
 }
 
-// G query heads of one token that share a key-value head, side by side so each key and value is loaded once for
-// all of them; every head's own arithmetic is what it would be alone. Scores: for each chunk of 16 positions,
-// four chains of fused multiply-adds over the head's dimensions, summed in one order. Values: weigh_values.
+// Every value dimension of G heads: VALUE_CHUNKS<G> chunks of 16 at a time, then one.
 template <int G>
-void attend_group(const float* q, const float* k, const float* v, int64_t n, int64_t dim, V scale,
-                  std::vector<float>& scores, float* out) {
-    const int64_t chunks = (n + 15) / 16, width = chunks * 16;
-    scores.resize(G * width);
-    for (int64_t c = 0; c < chunks; ++c) {
-        const float* kc = k + c * dim * 16;
-        V part[G][4];
-        for (int g = 0; g < G; ++g) part[g][0] = part[g][1] = part[g][2] = part[g][3] = vzero();
-        for (int64_t d = 0; d < dim; d += 4) {
-            for (int j = 0; j < 4; ++j) {
-                const V key = vload(kc + (d + j) * 16);
-                for (int g = 0; g < G; ++g) part[g][j] = vfma(vset(q[g * dim + d + j]), key, part[g][j]);
-            }
-        }
-        for (int g = 0; g < G; ++g) {
-            const V score = vadd(vadd(part[g][0], part[g][1]), vadd(part[g][2], part[g][3]));
-            vstore(&scores[g * width + c * 16], vmul(score, scale));
-        }
-    }
-    float inverse[G];
-    for (int g = 0; g < G; ++g) inverse[g] = 1.0f / softmax_weights(&scores[g * width], n, chunks);
+inline void weigh_head_values(float* const* w, const uint16_t* v, int64_t n, int64_t dim, const float* scale,
+                              float* const* out) {
     int64_t c = 0;
     for (; c + VALUE_CHUNKS<G> <= dim / 16; c += VALUE_CHUNKS<G>) {
-        weigh_values<G, VALUE_CHUNKS<G>>(&scores[0], width, v + c * 16, n, dim, inverse, out + c * 16);
+        weigh_values<G, VALUE_CHUNKS<G>>(w, v, n, dim, scale, out, c);
     }
-    for (; c < dim / 16; ++c) weigh_values<G, 1>(&scores[0], width, v + c * 16, n, dim, inverse, out + c * 16);
+    for (; c < dim / 16; ++c) weigh_values<G, 1>(w, v, n, dim, scale, out, c);
+}
+
+// Scores of G query heads against one chunk of 16 keys ([dim][16]): for each head, four chains of fused
+// multiply-adds over its dimensions, summed in one order, so a head's scores are the same bits in any group.
+template <int G>
+inline void score_chunk(const float* const* q, const uint16_t* keys, int64_t dim, V scale, float* const* out) {
+    V part[G][4];
+    for (int g = 0; g < G; ++g) part[g][0] = part[g][1] = part[g][2] = part[g][3] = vzero();
+    for (int64_t d = 0; d < dim; d += 4) {
+        for (int j = 0; j < 4; ++j) {
+            const V key = half_to_v(keys + (d + j) * 16);
+            for (int g = 0; g < G; ++g) part[g][j] = vfma(vset(q[g][d + j]), key, part[g][j]);
+        }
+    }
+    for (int g = 0; g < G; ++g) {
+        vstore(out[g], vmul(vadd(vadd(part[g][0], part[g][1]), vadd(part[g][2], part[g][3])), scale));
+    }
+}
+
+// Query heads that share one key-value head, over one split of its cache: positions [s0, s0 + SPLIT), head i
+// seeing those below n[i] (at least one of them). Where a head sees no further than this split (n[i] <= SPLIT) its
+// output is normalised in place; elsewhere out[i] gets the split's unnormalised weighted values, and shift[i] and
+// sum[i] its largest score and sum of exponentials, for combine_splits. The rest is a thread's scratch, reused
+// from one split to the next.
+struct SplitHeads {
+    std::vector<const float*> q;
+    std::vector<int64_t> n;
+    std::vector<float*> out, shift, sum;
+    std::vector<int64_t> count;
+    std::vector<float*> rows, cells;
+    std::vector<float> factor, scores;
+
+    void clear() { q.clear(), n.clear(), out.clear(), shift.clear(), sum.clear(); }
+};
+
+void attend_split(SplitHeads& heads, const uint16_t* k, const uint16_t* v, int64_t s0, int64_t dim, V scale) {
+    const int64_t H = static_cast<int64_t>(heads.q.size());
+    auto& count = heads.count;
+    count.resize(H);
+    for (int64_t i = 0; i < H; ++i) count[i] = std::min(heads.n[i] - s0, SPLIT);
+    const int64_t chunks = (*std::max_element(count.begin(), count.end()) + 15) / 16, width = chunks * 16;
+    heads.scores.resize(H * width);
+    heads.rows.resize(H);
+    heads.cells.resize(H);
+    heads.factor.resize(H);
+    float* scores = heads.scores.data();
+    float** rows = heads.rows.data();
+    float** cells = heads.cells.data();
+    float* factor = heads.factor.data();
+    for (int64_t c = 0; c < chunks; ++c) {
+        for (int64_t i = 0; i < H; ++i) cells[i] = scores + i * width + c * 16;
+        const uint16_t* kc = k + (s0 / 16 + c) * dim * 16;
+        for (int64_t i = 0; i < H; i += 4) {
+            switch (std::min<int64_t>(4, H - i)) {
+                case 1: score_chunk<1>(&heads.q[i], kc, dim, scale, cells + i); break;
+                case 2: score_chunk<2>(&heads.q[i], kc, dim, scale, cells + i); break;
+                case 3: score_chunk<3>(&heads.q[i], kc, dim, scale, cells + i); break;
+                default: score_chunk<4>(&heads.q[i], kc, dim, scale, cells + i); break;
+            }
+        }
+    }
+    for (int64_t i = 0; i < H; ++i) {
+        rows[i] = scores + i * width;
+        float shift;
+        const float sum = softmax_weights(rows[i], count[i], chunks, shift);
+        if (heads.n[i] <= SPLIT) {
+            factor[i] = 1.0f / sum;
+        } else {
+            factor[i] = 1.0f;
+            *heads.shift[i] = shift;
+            *heads.sum[i] = sum;
+        }
+    }
+    const uint16_t* vs = v + s0 * dim;
+    float* const* out = heads.out.data();
+    for (int64_t i = 0; i < H; i += 4) {
+        const int64_t g = std::min<int64_t>(4, H - i), n = *std::max_element(&count[i], &count[i] + g);
+        switch (g) {
+            case 1: weigh_head_values<1>(rows + i, vs, n, dim, factor + i, out + i); break;
+            case 2: weigh_head_values<2>(rows + i, vs, n, dim, factor + i, out + i); break;
+            case 3: weigh_head_values<3>(rows + i, vs, n, dim, factor + i, out + i); break;
+            default: weigh_head_values<4>(rows + i, vs, n, dim, factor + i, out + i); break;
+        }
+    }
+}
+
+// A head's splits combined in order: each split's weighted values and sum rescaled from its own largest score to
+// the largest of all, then the total normalised.
+inline void combine_splits(const float* parts, const float* shift, const float* sum, int64_t splits, int64_t dim,
+                           float* out) {
+    const float top = *std::max_element(shift, shift + splits);
+    float total = 0.0f;
+    for (int64_t s = 0; s < splits; ++s) total += std::exp(shift[s] - top) * sum[s];
+    for (int64_t c = 0; c < dim; c += 16) {
+        V acc = vzero();
+        for (int64_t s = 0; s < splits; ++s) {
+            acc = vfma(vset(std::exp(shift[s] - top)), vload(parts + s * dim + c), acc);
+        }
+        vstore(out + c, vmul(acc, vset(1.0f / total)));
+    }
 }
 
 // Causal attention of every new token over its own sequence's cache, positions 0..pos inclusive (the token's own
 // key and value are already written); token t's query heads start at q + t * q_stride. Keys are stored in chunks
-// of 16 positions, each [head_dim][16] (kernels.cpp), so one vector holds 16 positions' scores. One token and
-// key-value head at a time, its query heads up to four together (attend_group), so nothing depends on which other
-// tokens share the call.
+// of 16 positions, each [head_dim][16] (kernels.cpp), so one vector holds 16 positions' scores.
+//
+// Work is one run of a sequence's consecutive tokens (up to RUN), one key-value head and one split of SPLIT
+// positions; a head that sees more than one split is combined after. Every head's arithmetic is its own (scores,
+// softmax and weighted values per head, splits fixed by its position), so nothing depends on which other tokens
+// share the call. Runs go in batches whose splits' partial results take at most PARTS floats.
 void attention(const float* q, int64_t q_stride, int64_t T, int64_t heads, int64_t kv_heads, int64_t dim,
-               const int64_t* seq, const int64_t* pos, const std::vector<float*>& keys, const std::vector<float*>& values,
-               const std::vector<int64_t>& caps, int64_t layer, float* out) {
+               const int64_t* seq, const int64_t* pos, const std::vector<uint16_t*>& keys,
+               const std::vector<uint16_t*>& values, const std::vector<int64_t>& caps, int64_t layer, float* out) {
+    constexpr int64_t PARTS = 1 << 20;
     const int64_t group = heads / kv_heads;
     const V scale = vset(1.0f / std::sqrt(static_cast<float>(dim)));
-    at::parallel_for(0, T * kv_heads, 1, [&](int64_t i0, int64_t i1) {
-        std::vector<float> scores;
-        for (int64_t i = i0; i < i1; ++i) {
-            const int64_t t = i / kv_heads, kv = i % kv_heads, n = pos[t] + 1;
-            const int64_t offset = (layer * kv_heads + kv) * caps[seq[t]] * dim;
-            const float* k = keys[seq[t]] + offset;
-            const float* v = values[seq[t]] + offset;
-            for (int64_t h = kv * group; h < (kv + 1) * group; h += 4) {
-                const float* qh = q + t * q_stride + h * dim;
-                float* o = out + (t * heads + h) * dim;
-                switch (std::min<int64_t>(4, (kv + 1) * group - h)) {
-                    case 1: attend_group<1>(qh, k, v, n, dim, scale, scores, o); break;
-                    case 2: attend_group<2>(qh, k, v, n, dim, scale, scores, o); break;
-                    case 3: attend_group<3>(qh, k, v, n, dim, scale, scores, o); break;
-                    default: attend_group<4>(qh, k, v, n, dim, scale, scores, o); break;
-                }
+    auto splits = [&](int64_t t) { return (pos[t] + SPLIT) / SPLIT; };  // ceil((pos + 1) / SPLIT)
+    std::vector<int64_t> starts;  // each run's first token, then T
+    for (int64_t t = 0; t < T; ++t) {
+        const bool follows = t > 0 && seq[t] == seq[t - 1] && pos[t] == pos[t - 1] + 1;
+        if (!follows || t - starts.back() == RUN) starts.push_back(t);
+    }
+    starts.push_back(T);
+    std::vector<int64_t> base(T + 1);  // token t's partial results start at base[t] * dim in parts
+    std::vector<float> parts, shifts, sums;
+    size_t first = 0;
+    while (first + 1 < starts.size()) {
+        size_t last = first;
+        int64_t used = 0;
+        do {
+            for (int64_t t = starts[last]; t < starts[last + 1]; ++t) {
+                base[t] = used;
+                if (splits(t) > 1) used += heads * splits(t);
+            }
+            ++last;
+        } while (last + 1 < starts.size() && used * dim < PARTS);
+        parts.resize(used * dim);
+        shifts.resize(used);
+        sums.resize(used);
+        struct Item { int64_t run, kv, split; };
+        std::vector<Item> items;
+        for (size_t r = first; r < last; ++r) {
+            for (int64_t kv = 0; kv < kv_heads; ++kv) {
+                const int64_t widest = splits(starts[r + 1] - 1);  // the run's last token sees the most
+                for (int64_t s = 0; s < widest; ++s) items.push_back({static_cast<int64_t>(r), kv, s});
             }
         }
-    });
+        at::parallel_for(0, static_cast<int64_t>(items.size()), 1, [&](int64_t i0, int64_t i1) {
+            SplitHeads hs;
+            for (int64_t i = i0; i < i1; ++i) {
+                const Item item = items[i];
+                const int64_t t0 = starts[item.run], t1 = starts[item.run + 1], s0 = item.split * SPLIT;
+                hs.clear();
+                for (int64_t t = t0; t < t1; ++t) {
+                    if (pos[t] < s0) continue;  // sees nothing of this split
+                    for (int64_t h = item.kv * group; h < (item.kv + 1) * group; ++h) {
+                        hs.q.push_back(q + t * q_stride + h * dim);
+                        hs.n.push_back(pos[t] + 1);
+                        const int64_t part = base[t] + h * splits(t) + item.split;
+                        const bool whole = splits(t) == 1;
+                        hs.out.push_back(whole ? out + (t * heads + h) * dim : &parts[part * dim]);
+                        hs.shift.push_back(whole ? nullptr : &shifts[part]);
+                        hs.sum.push_back(whole ? nullptr : &sums[part]);
+                    }
+                }
+                const int64_t offset = (layer * kv_heads + item.kv) * caps[seq[t0]] * dim;
+                attend_split(hs, keys[seq[t0]] + offset, values[seq[t0]] + offset, s0, dim, scale);
+            }
+        });
+        const int64_t t0 = starts[first], t1 = starts[last];
+        at::parallel_for(0, (t1 - t0) * heads, 1, [&](int64_t i0, int64_t i1) {
+            for (int64_t i = i0; i < i1; ++i) {
+                const int64_t t = t0 + i / heads, h = i % heads, n = splits(t);
+                if (n == 1) continue;
+                const int64_t part = base[t] + h * n;
+                combine_splits(&parts[part * dim], &shifts[part], &sums[part], n, dim, out + (t * heads + h) * dim);
+            }
+        });
+        first = last;
+    }
 }
