@@ -27,7 +27,7 @@ from backends.dspark.profile import closest_curve, stored_curves
 from backends.scheduling import SpsCurve
 
 PROFILES_DIR = Path(__file__).with_name("fleet_profiles")
-DEFAULT_PROFILE = "cpu-xeon-amx"
+DEFAULT_PROFILE = "cpu-epyc-zen4"
 ROOFLINE_SHORT = 16
 """Every forward length up to this is tabulated, then a grid growing by half (as the project's profiler does)."""
 

@@ -212,13 +212,20 @@ def engine(data: dict, results: Path, base: Path) -> str:
         by_context = packed.get("step_by_context")
         if by_context:
             parts.append(
-                "A one-token step by the context before it, beside the keys and values its attention reads:"
+                "A one-token step and a verifying pass of 8 tokens by the context before them, beside the keys and "
+                "values one token's attention reads:"
             )
             parts.append(
                 table(
-                    ["context", "step ms", "cache MB read", "step / floor"],
+                    ["context", "step ms", "pass of 8 ms", "pass / step", "cache MB read", "step / floor"],
                     [
-                        [f"{int(n):,}", c["step_ms"], c["cache_mb"], c["step_ms"] / packed["read_floor_ms"]]
+                        [
+                            f"{int(n):,}",
+                            c["step_ms"],
+                            *([c["verify8_ms"], c["verify8_ms"] / c["step_ms"]] if "verify8_ms" in c else ["", ""]),
+                            c["cache_mb"],
+                            c["step_ms"] / packed["read_floor_ms"],
+                        ]
                         for n, c in by_context.items()
                     ],
                 )

@@ -8,7 +8,7 @@ import pytest
 from backends.scheduling import SpsCurve
 from benchmarks.fleet import WORKLOAD_REPORT, add_arguments, format_report, run_benchmark, settings_from
 from benchmarks.fleet_policies import Fleet, Judged, Prescored, carried_speedups, classifier_scorers, simulate
-from benchmarks.fleet_profiles import CostProfile, load_profile
+from benchmarks.fleet_profiles import DEFAULT_PROFILE, CostProfile, load_profile
 from benchmarks.fleet_trace import (
     AgentShape,
     Item,
@@ -36,7 +36,7 @@ def items():
 
 def _run(policy, items, classifier, profile_file, base, trace, load=0.7, workers=4, rules=True):
     """One simulation of ``policy`` on a small CPU fleet at ``load`` times the all-standard capacity."""
-    profile = load_profile("cpu-xeon-amx")
+    profile = load_profile(DEFAULT_PROFILE)
     speedups = carried_speedups(items, profile)
     fleet = Fleet(profile, workers, 0.5, 1000)
     capacity = workers * profile.max_batch / profile.step_s(profile.max_batch, False) / trace.mean_tokens()

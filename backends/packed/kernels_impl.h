@@ -462,14 +462,17 @@ void attention(const float* q, int64_t q_stride, int64_t T, int64_t heads, int64
             }
         });
         const int64_t t0 = starts[first], t1 = starts[last];
-        at::parallel_for(0, (t1 - t0) * heads, 1, [&](int64_t i0, int64_t i1) {
-            for (int64_t i = i0; i < i1; ++i) {
-                const int64_t t = t0 + i / heads, h = i % heads, n = splits(t);
-                if (n == 1) continue;
-                const int64_t part = base[t] + h * n;
-                combine_splits(&parts[part * dim], &shifts[part], &sums[part], n, dim, out + (t * heads + h) * dim);
-            }
-        });
+        if (used > 0) {  // where every head saw one split there is nothing to combine, and no region to open
+            at::parallel_for(0, (t1 - t0) * heads, 1, [&](int64_t i0, int64_t i1) {
+                for (int64_t i = i0; i < i1; ++i) {
+                    const int64_t t = t0 + i / heads, h = i % heads, n = splits(t);
+                    if (n == 1) continue;
+                    const int64_t part = base[t] + h * n;
+                    combine_splits(&parts[part * dim], &shifts[part], &sums[part], n, dim,
+                                   out + (t * heads + h) * dim);
+                }
+            });
+        }
         first = last;
     }
 }
