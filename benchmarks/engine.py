@@ -60,14 +60,17 @@ def read_floor_ms(size_bytes: int, repeats: int) -> float:
     return median_ms(lambda: buffers[next(turn) % 2].sum(), repeats)
 
 
-def forward_costs(loaded: LoadedModel, repeats: int) -> dict[int, float]:
-    """Median ms of a forward of n tokens after the context, every layer's states kept (as a verification asks)."""
+def forward_costs(
+    loaded: LoadedModel, repeats: int, context: int = CONTEXT, tokens: tuple[int, ...] = TOKENS
+) -> dict[int, float]:
+    """Median ms of a forward of n tokens after ``context`` tokens, every layer's states kept (as a verification
+    asks)."""
     kv, row = batch_kv(loaded), object()
     generator = torch.Generator().manual_seed(0)
     vocab = loaded.model.get_output_embeddings().weight.shape[0]
-    kv.prefill([row], [torch.randint(vocab, (CONTEXT,), generator=generator).tolist()])
+    kv.prefill([row], [torch.randint(vocab, (context,), generator=generator).tolist()])
     costs = {}
-    for n in TOKENS:
+    for n in tokens:
         ids = torch.randint(vocab, (n,), generator=generator).tolist()
         costs[n] = median_ms(lambda ids=ids: kv.step([ids], True), repeats, reset=lambda n=n: kv.rewind(row, n))
     return costs
@@ -77,19 +80,11 @@ def step_by_context(loaded: LoadedModel, repeats: int) -> dict[int, dict[str, fl
     """A one-token step's and a verifying pass of 8 tokens' median ms after each of :data:`CONTEXTS` tokens, and
     the MB of keys and values (every layer's, as the engine stores them: its own cache of one chunk of positions
     gives the bytes a position takes) a token's attention reads there."""
-    shape = loaded.packed.shape
     keys, values = loaded.packed.new_cache(1)
     cache_bytes = (keys.nbytes + values.nbytes) / values.shape[2]
-    generator = torch.Generator().manual_seed(0)
     costs = {}
     for context in CONTEXTS:
-        kv, row = batch_kv(loaded), object()
-        kv.prefill([row], [torch.randint(shape.vocab, (context,), generator=generator).tolist()])
-        ms = {}
-        for n in (1, 8):
-            ms[n] = median_ms(
-                lambda kv=kv, n=n: kv.step([[7] * n]), repeats, reset=lambda kv=kv, n=n, row=row: kv.rewind(row, n)
-            )
+        ms = forward_costs(loaded, repeats, context, (1, 8))
         costs[context] = {"step_ms": ms[1], "verify8_ms": ms[8], "cache_mb": cache_bytes * context / 1e6}
     return costs
 

@@ -222,7 +222,8 @@ def engine(data: dict, results: Path, base: Path) -> str:
                         [
                             f"{int(n):,}",
                             c["step_ms"],
-                            *([c["verify8_ms"], c["verify8_ms"] / c["step_ms"]] if "verify8_ms" in c else ["", ""]),
+                            c["verify8_ms"],
+                            c["verify8_ms"] / c["step_ms"],
                             c["cache_mb"],
                             c["step_ms"] / packed["read_floor_ms"],
                         ]
