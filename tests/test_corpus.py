@@ -128,14 +128,17 @@ def test_the_manifest_counts_match_the_corpus(corpus):
 
 def test_a_run_starts_from_shipped_answers_of_its_own_recipe_and_target(corpus, tmp_path):
     """Answers shipped part-way (the follow-ups not yet answered) seed a run of the same recipe and target, which
-    answers only the rest and ends with the corpus answered in one go; another recipe or target starts afresh."""
+    answers only the rest and ends with the corpus answered in one go; another recipe or target starts afresh.
+    Shipped over a finished corpus's files, they leave none of its later stages or its manifest behind."""
     run, records, _, _, leaked, tokenizer = corpus
     partial = tmp_path / "partial"
     partial.mkdir()
     for name in (SYNTHESIS_FILE, DISTILL_FILE, "follow_up_synthesis.jsonl"):
         (partial / name).write_text((run / name).read_text())
     shipped = tmp_path / "shipped"
+    ship_corpus(run, RECIPE, "target", shipped)
     assert ship_corpus(partial, RECIPE, "target", shipped)[DISTILL_FILE] == len(read_distilled(run / DISTILL_FILE))
+    assert not (shipped / MANIFEST_FILE).exists() and not (shipped / f"{FOLLOW_UPS_FILE}.gz").exists()
     first_turns = (shipped / f"{DISTILL_FILE}.gz").read_bytes()
 
     other = CorpusRecipe(**{**RECIPE.__dict__, "seed": 1})

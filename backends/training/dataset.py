@@ -121,7 +121,9 @@ def _assistant(text: str) -> dict[str, str]:
 
 def ship_corpus(run: Path, recipe: CorpusRecipe, target: str, into: Path) -> dict[str, int]:
     """``run``'s stage files so far, gzipped into ``into`` with the recipe and the target (its GGUF's sha256)
-    they answer, and the manifest once the corpus is finished; the records shipped per file."""
+    they answer, and the manifest once the corpus is finished; the records shipped per file. What ``into`` held
+    from an earlier shipment and this run lacks is removed: a stale manifest would mark the corpus finished, and a
+    run starting from it would never answer the rest (as when a recipe grows)."""
     into.mkdir(parents=True, exist_ok=True)
     shipped = {}
     for name in STAGE_FILES:
@@ -131,8 +133,12 @@ def ship_corpus(run: Path, recipe: CorpusRecipe, target: str, into: Path) -> dic
             # no time or name in the gzip header: the same answers ship as the same bytes, not a new blob in git
             (into / f"{name}.gz").write_bytes(gzip.compress(text.encode(), compresslevel=9, mtime=0))
             shipped[name] = len(records)
+        else:
+            (into / f"{name}.gz").unlink(missing_ok=True)
     if (run / MANIFEST_FILE).is_file():
         shutil.copyfile(run / MANIFEST_FILE, into / MANIFEST_FILE)
+    else:
+        (into / MANIFEST_FILE).unlink(missing_ok=True)
     (into / SHIPPED_FILE).write_text(json.dumps({"recipe": asdict(recipe), "target": target, "records": shipped}))
     return shipped
 
