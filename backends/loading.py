@@ -107,6 +107,14 @@ def cpu_has_bf16() -> bool:
     return any(flag in flags for flag in BF16_CPU_FLAGS)
 
 
+def bfloat16_autocast(device: torch.device, wanted: bool = True) -> torch.autocast:
+    """Training's matrix work in bfloat16 where it pays: on GPUs, and on CPUs that multiply it natively
+    (:func:`cpu_has_bf16`). Elsewhere it stays float32: on an AVX2-only EPYC a training step of the published
+    drafter took about 60 s in emulated bfloat16 and 2.7 s in float32."""
+    enabled = wanted and (device.type != "cpu" or cpu_has_bf16())
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=enabled)
+
+
 def resolve_dtype(dtype: str, device: torch.device, path: Path | None = None) -> torch.dtype:
     """``auto``: bfloat16 on GPUs; on a CPU bfloat16 where it has the instructions and the model is big enough for
     it to pay (:data:`BF16_MIN_WEIGHT_BYTES`), float32 otherwise."""

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from backends import AutoregressiveBackend, GenerationRequest
+from backends import AutoregressiveBackend, GenerationRequest, loading
 from backends.corpus.recipe import MANIFEST_FILE
 from backends.dspark.backend import DSparkBackend, load_drafter
 from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
@@ -266,3 +266,17 @@ def test_export_writes_the_whole_published_layout(sharp_target, drafters, tmp_pa
         assert {"embed_tokens.weight", "lm_head.weight"} <= set(weights.keys())
     backend = DSparkBackend.from_pretrained(sharp_target, drafter="dspark", drafter_path=tmp_path / "exported")
     assert backend.drafter.vocab.ids is None
+
+
+def test_training_multiplies_in_bfloat16_only_where_the_cpu_does(monkeypatch):
+    """Emulated bfloat16 made a drafter step some 20x slower than float32 on an AVX2-only CPU."""
+    a, b = torch.randn(4, 8), torch.randn(8, 4)
+    cpu = torch.device("cpu")
+    for native, wanted, dtype in [
+        (False, True, torch.float32),
+        (True, True, torch.bfloat16),
+        (True, False, torch.float32),
+    ]:
+        monkeypatch.setattr(loading, "cpu_has_bf16", lambda native=native: native)
+        with loading.bfloat16_autocast(cpu, wanted):
+            assert (a @ b).dtype == dtype

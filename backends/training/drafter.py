@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.dspark.drafter import DSparkDrafter
-from backends.loading import LoadedModel
+from backends.loading import LoadedModel, bfloat16_autocast
 from backends.progress import JobProgress
 from backends.scheduling import prefix_survival
 from backends.training.checkpoints import (
@@ -328,7 +328,7 @@ def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
 
 
 def _autocast(config: DrafterTrainConfig, device: torch.device):
-    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.autocast)
+    return bfloat16_autocast(device, config.autocast)
 
 
 def to_draft_index(vocab_size: int, draft_vocab: torch.Tensor | None, device: torch.device) -> torch.Tensor:

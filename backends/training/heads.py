@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from backends.dspark.heads import SpanHeads
 from backends.dspark.model import DSparkModel
-from backends.loading import LoadedModel
+from backends.loading import LoadedModel, bfloat16_autocast
 from backends.progress import JobProgress
 from backends.training.checkpoints import (
     CHECKPOINT_DIR,
@@ -117,7 +117,7 @@ def run(
     held_out = answer_positions(cache, lineage.held_out, reach)
     training = answer_positions(cache, lineage.training, reach)
     to_draft = to_draft_index(lm_head.weight.shape[0], draft_vocab, cache.tokens.device)
-    autocast = torch.autocast(cache.tokens.device.type, dtype=torch.bfloat16, enabled=config.autocast)
+    autocast = bfloat16_autocast(cache.tokens.device, config.autocast)
     initial = None
     if config.init_from is not None:
         initial = _held_out_accuracy(heads, cache, to_draft, held_out, config, autocast)
