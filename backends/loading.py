@@ -97,9 +97,10 @@ def cpu_generation() -> str | None:
     return f"family {fields['cpu family']} model {fields['model']}"
 
 
+@cache
 def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AMX or AVX-512 BF16): elsewhere bfloat16 is emulated and
-    slower than float32."""
+    slower than float32. Read once: training asks at every step."""
     try:
         flags = Path("/proc/cpuinfo").read_text().split()
     except OSError:
