@@ -139,6 +139,9 @@ def test_features_of_text_a_drafter_never_saw_continue_it(sharp_target, run_dir,
     for measured in kinds.values():
         assert len(measured["acceptance_by_position"]) == len(measured["initial_acceptance_by_position"]) == 7
         assert measured["expected_tokens"] == drafter_training.tokens_a_round(measured["acceptance_by_position"])
+        greedy = measured["greedy_acceptance_by_position"]
+        assert len(greedy) == len(measured["initial_greedy_acceptance_by_position"]) == 7
+        assert measured["greedy_expected_tokens"] == drafter_training.tokens_a_round(greedy)
 
 
 def test_both_drafters_learn_and_decode_losslessly_from_their_own_folder(sharp_target, drafters):
@@ -244,6 +247,64 @@ def test_calibration_lowers_ece_on_held_out_data(sharp_target, run_dir, drafters
     assert after < before
     assert all(2.5 < t < 6.0 for t in temperatures)
     assert drafter.config.confidence_temperatures == temperatures
+
+
+def test_greedy_acceptance_compares_with_the_targets_argmax(sharp_target, run_dir, drafters, tmp_path):
+    """Greedy acceptance needs the target's argmax over its whole vocabulary, found from the cached last hidden
+    states through its LM head: on the target's own greedy, unconstrained answers (the standard-library requests:
+    subtasks with a schema are answered under their grammar, and some synthesised turns are sampled) that argmax is
+    each answer's next token (states cached in float32 here, since bfloat16 rounding flips near-ties)."""
+    loaded = load_model(sharp_target)
+    drafter = load_drafter(loaded, drafters / DRAFTER_DIR)
+    cache = features_of_answers(sharp_target, run_dir, tmp_path / "float32", "--feature-dtype", "float32")
+    greedy_answers = [i for i, key in enumerate(cache.keys) if key.startswith("stdlib:")]
+    to_draft = drafter_training.to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(0)
+        blocks = drafter_training.block_forward(drafter, cache, to_draft, greedy_answers, 4, generator, greedy=True)
+    inside = blocks.valid & (blocks.labels >= 0)
+    assert inside.sum() > 100
+    assert (blocks.greedy == blocks.labels)[inside].float().mean() > 0.99
+
+
+def test_greedy_acceptance_at_a_position_counts_the_blocks_kept_that_far():
+    """A position's greedy rate is over the blocks whose earlier positions all matched and that reach it: what
+    greedy verification commits, so tokens a round from these rates is one plus the mean run of leading matches."""
+    kept = torch.tensor([[1, 1, 0], [1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=torch.bool)
+    valid = torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 1], [1, 1, 0]], dtype=torch.bool)
+    blocks = drafter_training.HeldOutBlocks(torch.zeros(4, 3), torch.full((4, 3), 0.25), kept, valid)
+    acceptance = drafter_training.Acceptance.of(blocks)
+    assert acceptance.sampled == [0.25, 0.25, 0.25]
+    assert acceptance.greedy == pytest.approx([3 / 4, 2 / 3, 0.0])
+    assert drafter_training.tokens_a_round(acceptance.greedy) == pytest.approx(1 + (2 + 1 + 0 + 2) / 4)
+    second_sequence = blocks.of_rows(torch.tensor([False, True]))  # two sequences, two blocks each
+    assert torch.equal(second_sequence.greedy, kept[2:]) and torch.equal(second_sequence.valid, valid[2:])
+
+
+def test_measure_reads_a_drafter_on_sequences_it_never_trained_on(sharp_target, run_dir, drafters, tmp_path, capsys):
+    """``train measure``: a shipped drafter on a run's cached sequences less the ones it recorded as trained on, by
+    kind, sampled and greedy, without training it; a drafter that saw all of them has nothing to be measured on."""
+    source = tmp_path / "half-trained"
+    shutil.copytree(drafters / DRAFTER_DIR, source, ignore=shutil.ignore_patterns(CHECKPOINT_DIR))
+    cache = FeatureCache.load(run_dir)
+    seen = frozenset(cache.keys[::2])
+    write_trained_on(source, seen)
+    argv = ["train", "measure", "--target", str(sharp_target), "--run", str(run_dir), "--drafter", str(source)]
+    assert main([*argv, "--batch-size", "3", "--anchors", "4"]) == 0
+    assert "greedy pos 1" in capsys.readouterr().out
+    loaded = load_model(sharp_target)
+    config = replace(drafter_training.DrafterTrainConfig(output=source), batch_size=3, anchors=4)
+    measured = drafter_training.measure(loaded, cache, source, config)
+    unseen = [key for key in cache.keys if key not in seen]
+    assert measured.overall.sequences == len(unseen)
+    assert {k: m.sequences for k, m in measured.acceptance_by_kind.items()} == Counter(
+        key.rsplit("#", 1)[0] for key in unseen
+    )
+    for rates in (measured.overall.acceptance_by_position, measured.overall.greedy_acceptance_by_position):
+        assert len(rates) == 7 and all(0.0 <= r <= 1.0 for r in rates) and rates[0] > 0.0
+    write_trained_on(source, frozenset(cache.keys))
+    with pytest.raises(ValueError, match="trained on every sequence"):
+        drafter_training.measure(loaded, cache, source, config)
 
 
 def test_export_writes_the_whole_published_layout(sharp_target, drafters, tmp_path):

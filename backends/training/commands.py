@@ -25,7 +25,7 @@ VOCAB_FILE = "vocab.json"
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train the drafters on a frozen target (data, heads, dspark, export)")
+    p = sub.add_parser("train", help="train the drafters on a frozen target (data, heads, dspark, measure, export)")
     stages = p.add_subparsers(dest="stage", required=True)
 
     data = stages.add_parser("data", help="the target's answers to the corpus recipe, and their cached features")
@@ -78,6 +78,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     _recipe(ship)
     ship.add_argument("--into", required=True, help="the folder to write (what --corpus reads)")
     ship.set_defaults(handler=_ship)
+
+    measure = stages.add_parser(
+        "measure", help="a trained drafter's acceptance on the run's cached features it never trained on"
+    )
+    _common(measure)
+    measure.add_argument("--drafter", required=True, help="the drafter folder (what train dspark wrote)")
+    measure.add_argument("--batch-size", type=int, default=8, help="sequences per pass")
+    measure.add_argument("--anchors", type=int, default=32, help="blocks per sequence")
+    measure.set_defaults(handler=_measure)
 
     export = stages.add_parser("export", help="write a drafter in the whole published layout (vLLM, SGLang)")
     export.add_argument("--target", required=True, help="the target model folder")
@@ -276,22 +285,24 @@ def _all(args: argparse.Namespace) -> int:
 
 def _print_report(report: object) -> None:
     """A stage's report as JSON less its curve, and its held-out acceptance by kind (where it has one) as a table
-    that fits 80 columns: tokens a round before and after, and the first block position's acceptance."""
+    that fits 80 columns: the first block position's acceptance sampled and greedy, and tokens a round sampled,
+    each before and after."""
     from backends.training.drafter import tokens_a_round
 
     values = asdict(report)
     kinds = values.pop("acceptance_by_kind", {})
     print(json.dumps({k: v for k, v in values.items() if k != "curve"}, indent=2))
     if kinds:
-        print(f"{'held-out kind':<28} {'seqs':>5} {'pos 1':>13} {'tokens/round':>14}")
+        print(f"{'held-out kind':<22} {'seqs':>5} {'pos 1':>13} {'greedy pos 1':>13} {'tokens/round':>12}")
     for kind, measured in kinds.items():
-        initial = measured["initial_acceptance_by_position"]
         first = f"{measured['acceptance_by_position'][0]:.3f}"
+        greedy = f"{measured['greedy_acceptance_by_position'][0]:.3f}"
         expected = f"{measured['expected_tokens']:.2f}"
-        if initial is not None:
-            first = f"{initial[0]:.3f}->{first}"
-            expected = f"{tokens_a_round(initial):.2f}->{expected}"
-        print(f"{kind[:28]:<28} {measured['sequences']:>5} {first:>13} {expected:>14}")
+        if measured["initial_acceptance_by_position"] is not None:
+            first = f"{measured['initial_acceptance_by_position'][0]:.3f}->{first}"
+            greedy = f"{measured['initial_greedy_acceptance_by_position'][0]:.3f}->{greedy}"
+            expected = f"{tokens_a_round(measured['initial_acceptance_by_position']):.2f}->{expected}"
+        print(f"{kind[:22]:<22} {measured['sequences']:>5} {first:>13} {greedy:>13} {expected:>12}")
 
 
 def _vocab(args: argparse.Namespace):
@@ -364,6 +375,18 @@ def _dspark(args: argparse.Namespace) -> int:
     from backends.training.drafter import run
 
     return _train(args, run, _dspark_config(args, Path(args.output)))
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from backends.training.drafter import DrafterTrainConfig, measure
+    from backends.training.features import FeatureCache
+
+    loaded = _setup(args)
+    config = DrafterTrainConfig(
+        output=Path(args.drafter), batch_size=args.batch_size, anchors=args.anchors, seed=args.seed
+    )
+    _print_report(measure(loaded, FeatureCache.load(Path(args.run)).to(loaded.device), Path(args.drafter), config))
+    return 0
 
 
 def _export(args: argparse.Namespace) -> int:

@@ -38,10 +38,12 @@ from backends.training.checkpoints import (
     adamw,
     has_checkpoint,
     out_of_time,
+    read_trained_on,
     resume_trainer_state,
     save_trainer_state,
     write_report,
 )
+from backends.training.distribution_loss import distribution_losses
 from backends.training.features import FeatureCache
 
 REPORT_FILE = "train_report_dspark.json"
@@ -85,8 +87,23 @@ class KindAcceptance:
     sequences: int
     acceptance_by_position: list[float]
     expected_tokens: float
+    greedy_acceptance_by_position: list[float]
+    greedy_expected_tokens: float
     initial_acceptance_by_position: list[float] | None = None
     """With ``init_from``: the starting drafter's, on the same sequences."""
+    initial_greedy_acceptance_by_position: list[float] | None = None
+
+    @classmethod
+    def of(cls, sequences: int, measured: Acceptance, initial: Acceptance | None) -> KindAcceptance:
+        return cls(
+            sequences,
+            measured.sampled,
+            tokens_a_round(measured.sampled),
+            measured.greedy,
+            tokens_a_round(measured.greedy),
+            initial.sampled if initial else None,
+            initial.greedy if initial else None,
+        )
 
 
 @dataclass
@@ -99,11 +116,15 @@ class DrafterTrainReport:
     """Held-out mean of 1 - TV/2 per block position: the draft's acceptance rate there under sampling."""
     expected_tokens: float
     """Held-out expected tokens per round with the whole block verified (bonus included), from those rates."""
+    greedy_acceptance_by_position: list[float]
+    """The same blocks' acceptance under greedy verification (:class:`Acceptance`)."""
+    greedy_expected_tokens: float
     ece_before: float
     ece_after: float
     temperatures: list[float] = field(default_factory=list)
     initial_acceptance_by_position: list[float] | None = None
     """With ``init_from``: the starting drafter's acceptance on the same held-out blocks, before this run."""
+    initial_greedy_acceptance_by_position: list[float] | None = None
     curve: list[dict[str, float]] = field(default_factory=list)
     acceptance_by_kind: dict[str, KindAcceptance] = field(default_factory=dict)
     """By the corpus source of each held-out sequence (where the cache knows its keys)."""
@@ -120,14 +141,13 @@ class BlockBatch:
     """The target's token as a draft-vocabulary index, -1 where the draft vocabulary lacks it."""
     valid: torch.Tensor
     confidence_logits: torch.Tensor | None
+    greedy: torch.Tensor | None = None
+    """The target's argmax over its whole vocabulary as a draft-vocabulary index (-1 outside it); measuring only."""
 
-    def l1(self, draft_logprobs: torch.Tensor | None = None) -> torch.Tensor:
+    def l1(self) -> torch.Tensor:
         """||p_draft - p_target||_1 over the whole vocabulary: the mass outside the draft vocabulary is all
-        the target's. ``draft_logprobs``: the draft's log-softmax where the caller has it already."""
-        if draft_logprobs is None:
-            draft_logprobs = torch.log_softmax(self.draft_logits.float(), dim=-1)
-        target = self.target_logprobs.exp()
-        return (draft_logprobs.exp() - target).abs().sum(dim=-1) + (1.0 - target.sum(dim=-1)).clamp_min(0.0)
+        the target's."""
+        return distribution_losses(self.draft_logits, self.target_logprobs, self.labels)[0]
 
 
 def padded_rows(cache: FeatureCache, rows: list[int]) -> dict[str, torch.Tensor]:
@@ -170,9 +190,11 @@ def block_forward(
     rows: list[int],
     anchors_per_row: int,
     generator: torch.Generator,
+    greedy: bool = False,
 ) -> BlockBatch:
     """One drafter pass over every block of the batch, teacher-forced; ``to_draft`` maps a target id to its
-    draft-vocabulary index (-1 outside it)."""
+    draft-vocabulary index (-1 outside it). ``greedy`` also finds the target's argmax at each block position, over
+    the whole vocabulary (an LM head pass training has no use for)."""
     gamma = drafter.block_size
     data = padded_rows(cache, rows)
     ids, continuation = data["ids"], data["continuation"]
@@ -200,8 +222,9 @@ def block_forward(
     final = data["final"].gather(1, source.unsqueeze(-1).expand(-1, -1, data["final"].shape[-1]))
     with torch.no_grad():
         target = drafter.base_logits(final.to(hidden.dtype)).float() - data["lse"].gather(1, source).unsqueeze(-1)
+        top = to_draft[drafter.shared[1](final.float()).argmax(dim=-1)].view_as(tokens) if greedy else None
     confidence = drafter.confidence_logits(hidden, prev) if drafter.confidence_head is not None else None
-    return BlockBatch(draft_logits, target.view_as(draft_logits), to_draft[tokens], valid, confidence)
+    return BlockBatch(draft_logits, target.view_as(draft_logits), to_draft[tokens], valid, confidence, top)
 
 
 def block_losses(blocks: BlockBatch, config: DrafterTrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
@@ -209,10 +232,8 @@ def block_losses(blocks: BlockBatch, config: DrafterTrainConfig) -> tuple[torch.
     decay = torch.exp(-torch.arange(gamma, device=blocks.labels.device) / config.loss_decay)
     weights = blocks.valid.float() * decay
     total = weights.sum().clamp_min(1e-6)
-    logprobs = torch.log_softmax(blocks.draft_logits.float(), dim=-1)  # one vocabulary-wide pass for both losses
-    l1 = blocks.l1(logprobs)
+    l1, ce = distribution_losses(blocks.draft_logits, blocks.target_logprobs, blocks.labels)
     in_vocab = weights * (blocks.labels >= 0)
-    ce = -logprobs.gather(-1, blocks.labels.clamp_min(0).unsqueeze(-1)).squeeze(-1)
     ce_loss = (ce * in_vocab).sum() / in_vocab.sum().clamp_min(1e-6)
     tv_loss = (l1 * weights).sum() / total
     loss = config.ce_weight * ce_loss + config.tv_weight * tv_loss
@@ -272,23 +293,47 @@ def sequential_temperature_scaling(logits: torch.Tensor, labels: torch.Tensor, v
     return temperatures
 
 
+@dataclass
+class HeldOutBlocks:
+    """Every held-out block's outcome by position [blocks, gamma]: its raw confidence logits, the probability that
+    speculative sampling at temperature 1 accepts it (1 - TV/2, the confidence head's label), whether greedy
+    verification keeps it (the draft's argmax is the target's), and which positions lie inside the answer. Each
+    position is drafted given the sequence's tokens before it, as it is once the positions before it were kept."""
+
+    logits: torch.Tensor
+    sampled: torch.Tensor
+    greedy: torch.Tensor
+    valid: torch.Tensor
+
+    def calibration(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What Sequential Temperature Scaling fits: logits, labels and validity."""
+        return self.logits, self.sampled, self.valid
+
+    def of_rows(self, chosen: torch.Tensor) -> HeldOutBlocks:
+        """The blocks of the sequences ``chosen`` marks, one flag per sequence measured (each has the same number
+        of blocks, in the order they were measured)."""
+        per_row = self.valid.shape[0] // chosen.shape[0]
+        kept = chosen.repeat_interleave(per_row)
+        return HeldOutBlocks(self.logits[kept], self.sampled[kept], self.greedy[kept], self.valid[kept])
+
+
 @torch.no_grad()
 def confidence_records(
     drafter: DSparkDrafter, cache: FeatureCache, to_draft: torch.Tensor, rows: list[int], config: DrafterTrainConfig
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Raw confidence logits, acceptance labels 1 - TV/2 and validity [blocks, gamma] on ``rows``."""
+) -> HeldOutBlocks:
+    """The drafter's blocks at seeded anchors of ``rows``, with the raw confidences (temperatures off)."""
     saved, drafter.config.confidence_temperatures = drafter.config.confidence_temperatures, None
     generator = torch.Generator().manual_seed(config.seed + 1)
-    logits, labels, valid = [], [], []
+    parts: list[tuple[torch.Tensor, ...]] = []
     with _autocast(config, cache.tokens.device):
         for start in range(0, len(rows), config.batch_size):
             chunk = rows[start : start + config.batch_size]
-            blocks = block_forward(drafter, cache, to_draft, chunk, config.anchors, generator)
-            logits.append(blocks.confidence_logits.float().flatten(0, 1))
-            labels.append((1.0 - 0.5 * blocks.l1()).clamp(0.0, 1.0).flatten(0, 1))
-            valid.append(blocks.valid.flatten(0, 1))
+            blocks = block_forward(drafter, cache, to_draft, chunk, config.anchors, generator, greedy=True)
+            kept = (blocks.draft_logits.argmax(dim=-1) == blocks.greedy) & (blocks.greedy >= 0)
+            sampled = (1.0 - 0.5 * blocks.l1()).clamp(0.0, 1.0)
+            parts.append((blocks.confidence_logits.float(), sampled, kept, blocks.valid))
     drafter.config.confidence_temperatures = saved
-    return torch.cat(logits), torch.cat(labels), torch.cat(valid)
+    return HeldOutBlocks(*(torch.cat([part[i] for part in parts]).flatten(0, 1) for i in range(4)))
 
 
 def calibrate(
@@ -299,11 +344,11 @@ def calibrate(
     fitting, measuring = held_out_halves(held_out)
     fit = confidence_records(drafter, cache, to_draft, fitting, config)
     measure = confidence_records(drafter, cache, to_draft, measuring, config)
-    temperatures = sequential_temperature_scaling(*fit)
-    before = survival_ece(*measure, [1.0] * drafter.block_size)
-    after = survival_ece(*measure, temperatures)
+    temperatures = sequential_temperature_scaling(*fit.calibration())
+    before = survival_ece(*measure.calibration(), [1.0] * drafter.block_size)
+    after = survival_ece(*measure.calibration(), temperatures)
     drafter.config.confidence_temperatures = temperatures
-    return before, after, temperatures, acceptance_by_position(measure)
+    return before, after, temperatures, Acceptance.of(measure)
 
 
 def held_out_halves(held_out: list[int]) -> tuple[list[int], list[int]]:
@@ -313,10 +358,26 @@ def held_out_halves(held_out: list[int]) -> tuple[list[int], list[int]]:
     return held_out[:half], held_out[half:] or held_out[:half]
 
 
-def acceptance_by_position(records: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> list[float]:
-    """Mean acceptance 1 - TV/2 at each block position over the valid blocks of ``confidence_records``."""
-    _, labels, valid = records
-    return [labels[valid[:, k], k].mean().item() if valid[:, k].any() else 0.0 for k in range(labels.shape[1])]
+@dataclass
+class Acceptance:
+    """Held-out acceptance by block position, each position's given the ones before it kept: under speculative
+    sampling at temperature 1 (the mean of 1 - TV/2) and under greedy verification (the share of blocks whose
+    earlier positions matched the target's argmax that match it here too). Greedy decoding commits what the second
+    says, sampled decoding at temperature 1 the first."""
+
+    sampled: list[float]
+    greedy: list[float]
+
+    @classmethod
+    def of(cls, blocks: HeldOutBlocks) -> Acceptance:
+        valid = blocks.valid
+        kept_before = torch.cat([valid[:, :1], blocks.greedy.int().cumprod(dim=-1)[:, :-1].bool()], dim=-1)
+        return cls(_means(blocks.sampled, valid), _means(blocks.greedy.float(), valid & kept_before))
+
+
+def _means(values: torch.Tensor, where: torch.Tensor) -> list[float]:
+    """Each position's mean of ``values`` [blocks, gamma] over the blocks ``where`` holds there (0 where none)."""
+    return [values[where[:, k], k].mean().item() if where[:, k].any() else 0.0 for k in range(values.shape[1])]
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int) -> float:
@@ -406,13 +467,49 @@ def acceptance_of_kinds(
     to_draft: torch.Tensor,
     kinds: dict[str, list[int]],
     config: DrafterTrainConfig,
-) -> dict[str, list[float]]:
-    """Acceptance by block position on each kind's held-out sequences, both halves: the temperatures STS fits on
-    one half change the confidence, never the acceptance, so every held-out sequence is a fair measurement."""
-    return {
-        kind: acceptance_by_position(confidence_records(drafter, cache, to_draft, rows, config))
-        for kind, rows in kinds.items()
+) -> tuple[Acceptance, dict[str, Acceptance]]:
+    """Acceptance by block position over all the kinds' sequences and on each kind's, from one pass over them (in
+    training, both held-out halves: the temperatures STS fits on one half change the confidence, never the
+    acceptance, so every held-out sequence is a fair measurement)."""
+    rows = [row for chosen in kinds.values() for row in chosen]
+    blocks = confidence_records(drafter, cache, to_draft, rows, config)
+    measured = torch.tensor(rows)
+    by_kind = {
+        kind: Acceptance.of(blocks.of_rows(torch.isin(measured, torch.tensor(chosen))))
+        for kind, chosen in kinds.items()
     }
+    return Acceptance.of(blocks), by_kind
+
+
+@dataclass
+class DrafterMeasurement:
+    """A trained drafter's acceptance on the sequences of a feature cache it never trained on (``train measure``):
+    how a shipped drafter does on new text, without training it."""
+
+    drafter: str
+    overall: KindAcceptance
+    acceptance_by_kind: dict[str, KindAcceptance]
+
+
+def measure(loaded: LoadedModel, cache: FeatureCache, folder: Path, config: DrafterTrainConfig) -> DrafterMeasurement:
+    """Every sequence of ``cache`` that the drafter in ``folder`` did not record as trained on (all of them where the
+    cache has no keys), at the seeded anchors the held-out measurements of training use."""
+    drafter = DSparkDrafter.load(folder, loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings())
+    drafter = drafter.float().to(loaded.device).bind_vocab().eval()
+    if drafter.config.target_layer_ids != cache.layer_ids:
+        raise ValueError(f"the feature cache holds layers {cache.layer_ids}, not {drafter.config.target_layer_ids}")
+    seen = read_trained_on(folder)
+    unseen = [i for i in range(cache.sequences) if cache.keys is None or cache.keys[i] not in seen]
+    if not unseen:
+        raise ValueError(f"the drafter in {str(folder)!r} trained on every sequence of this feature cache")
+    to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
+    kinds = held_out_kinds(cache, unseen) or {"all": unseen}
+    overall, by_kind = acceptance_of_kinds(drafter, cache, to_draft, kinds, config)
+    return DrafterMeasurement(
+        str(folder),
+        KindAcceptance.of(len(unseen), overall, None),
+        {kind: KindAcceptance.of(len(kinds[kind]), measured, None) for kind, measured in by_kind.items()},
+    )
 
 
 def run(
@@ -452,28 +549,31 @@ def run(
     initial, initial_by_kind = None, {}
     if config.init_from is not None:
         measuring = held_out_halves(held_out)[1]
-        initial = acceptance_by_position(confidence_records(drafter, cache, to_draft, measuring, config))
-        initial_by_kind = acceptance_of_kinds(drafter, cache, to_draft, kinds, config)
+        initial = Acceptance.of(confidence_records(drafter, cache, to_draft, measuring, config))
+        initial_by_kind = acceptance_of_kinds(drafter, cache, to_draft, kinds, config)[1]
     started = time.perf_counter()
     losses, start, curve = train_drafter(drafter, cache, training, config)
     before, after, temperatures, acceptance = calibrate(drafter, cache, to_draft, held_out, config)
     drafter.save(config.output, dtype=torch.bfloat16)
     lineage.record(config.output, cache.keys)
     by_kind = {
-        kind: KindAcceptance(len(kinds[kind]), rates, tokens_a_round(rates), initial_by_kind.get(kind))
-        for kind, rates in acceptance_of_kinds(drafter, cache, to_draft, kinds, config).items()
+        kind: KindAcceptance.of(len(kinds[kind]), measured, initial_by_kind.get(kind))
+        for kind, measured in acceptance_of_kinds(drafter, cache, to_draft, kinds, config)[1].items()
     }
     report = DrafterTrainReport(
         steps=curve[-1]["step"] if curve else start,
         seconds=time.perf_counter() - started,
         first_loss=losses[0] if losses and start == 0 else float("nan"),
         final_loss=sum(losses[-10:]) / len(losses[-10:]) if losses else float("nan"),
-        acceptance_by_position=acceptance,
-        expected_tokens=tokens_a_round(acceptance),
+        acceptance_by_position=acceptance.sampled,
+        expected_tokens=tokens_a_round(acceptance.sampled),
+        greedy_acceptance_by_position=acceptance.greedy,
+        greedy_expected_tokens=tokens_a_round(acceptance.greedy),
         ece_before=before,
         ece_after=after,
         temperatures=temperatures,
-        initial_acceptance_by_position=initial,
+        initial_acceptance_by_position=initial.sampled if initial else None,
+        initial_greedy_acceptance_by_position=initial.greedy if initial else None,
         curve=curve,
         acceptance_by_kind=by_kind,
     )
