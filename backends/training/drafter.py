@@ -325,13 +325,15 @@ def confidence_records(
     saved, drafter.config.confidence_temperatures = drafter.config.confidence_temperatures, None
     generator = torch.Generator().manual_seed(config.seed + 1)
     parts: list[tuple[torch.Tensor, ...]] = []
-    with _autocast(config, cache.tokens.device):
+    with _autocast(config, cache.tokens.device), JobProgress() as progress:
+        task = progress.add_job("held-out blocks", total=len(rows))
         for start in range(0, len(rows), config.batch_size):
             chunk = rows[start : start + config.batch_size]
             blocks = block_forward(drafter, cache, to_draft, chunk, config.anchors, generator, greedy=True)
             kept = (blocks.draft_logits.argmax(dim=-1) == blocks.greedy) & (blocks.greedy >= 0)
             sampled = (1.0 - 0.5 * blocks.l1()).clamp(0.0, 1.0)
             parts.append((blocks.confidence_logits.float(), sampled, kept, blocks.valid))
+            progress.step(task, advance=len(chunk))
     drafter.config.confidence_temperatures = saved
     return HeldOutBlocks(*(torch.cat([part[i] for part in parts]).flatten(0, 1) for i in range(4)))
 
