@@ -64,7 +64,7 @@ model-target: $(MODEL)/gguf_blocks.safetensors
 # run left off) and calibration, and a seeded 48 of them measured again (30 s), which is how bench route knows how
 # repeatable one measurement is.
 # The shipped drafters predate this recipe (the model card says what they were trained on); on 2 cores the packed
-# engine answers about 440 tokens/s at 32 concurrent requests (Zen 4 EPYC), so the corpus alone takes about 5
+# engine answers about 440 tokens/s at 32 concurrent requests (Zen 4 EPYC), so the corpus alone takes about 6
 # hours there: `train data` starts from the answers shipped in $(CORPUS) (`train ship` wrote them; the same recipe
 # on the same GGUF), and answers only what they lack; its features (about 1,000 tokens/s, some 60 GB in bfloat16
 # for the whole corpus) are computed here. `train all --device cuda` runs the whole recipe on a GPU.

@@ -41,7 +41,7 @@ class CorpusRecipe:
 
     subtasks: int = 5000
     stdlib: int = 3500
-    synthesised: int = 20000
+    synthesised: int = 24000
     follow_ups: int = 2500
     max_tokens: int = 256
     sampled_share: float = 0.3
