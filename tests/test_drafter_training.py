@@ -302,6 +302,8 @@ def test_measure_reads_a_drafter_on_sequences_it_never_trained_on(sharp_target, 
     )
     for rates in (measured.overall.acceptance_by_position, measured.overall.greedy_acceptance_by_position):
         assert len(rates) == 7 and all(0.0 <= r <= 1.0 for r in rates) and rates[0] > 0.0
+    with pytest.raises(ValueError, match="the feature cache holds layers"):
+        drafter_training.measure(loaded, replace(cache, layer_ids=cache.layer_ids[:-1]), source, config)
     write_trained_on(source, frozenset(cache.keys))
     with pytest.raises(ValueError, match="trained on every sequence"):
         drafter_training.measure(loaded, cache, source, config)

@@ -483,6 +483,18 @@ def acceptance_of_kinds(
     return Acceptance.of(blocks), by_kind
 
 
+def trained_drafter(loaded: LoadedModel, folder: Path) -> DSparkDrafter:
+    """A trained drafter folder beside ``loaded``, in float32 (training's and measuring's precision)."""
+    return DSparkDrafter.load(folder, loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings()).float()
+
+
+def on_cache(drafter: DSparkDrafter, cache: FeatureCache, device: torch.device) -> DSparkDrafter:
+    """The drafter on ``device`` with its vocabulary bound, once the cache is known to hold the layers it reads."""
+    if drafter.config.target_layer_ids != cache.layer_ids:
+        raise ValueError(f"the feature cache holds layers {cache.layer_ids}, not {drafter.config.target_layer_ids}")
+    return drafter.to(device).bind_vocab()
+
+
 @dataclass
 class DrafterMeasurement:
     """A trained drafter's acceptance on the sequences of a feature cache it never trained on (``train measure``):
@@ -496,10 +508,8 @@ class DrafterMeasurement:
 def measure(loaded: LoadedModel, cache: FeatureCache, folder: Path, config: DrafterTrainConfig) -> DrafterMeasurement:
     """Every sequence of ``cache`` that the drafter in ``folder`` did not record as trained on (all of them where the
     cache has no keys), at the seeded anchors the held-out measurements of training use."""
-    drafter = DSparkDrafter.load(folder, loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings())
-    drafter = drafter.float().to(loaded.device).bind_vocab().eval()
-    if drafter.config.target_layer_ids != cache.layer_ids:
-        raise ValueError(f"the feature cache holds layers {cache.layer_ids}, not {drafter.config.target_layer_ids}")
+    drafter = trained_drafter(loaded, folder)
+    on_cache(drafter, cache, loaded.device).eval()
     seen = read_trained_on(folder)
     unseen = [i for i in range(cache.sequences) if cache.keys is None or cache.keys[i] not in seen]
     if not unseen:
@@ -527,10 +537,7 @@ def run(
         mask_token = next(iter(loaded.eos_ids))
     layer_ids = config.target_layer_ids or cache.layer_ids
     if config.init_from is not None:
-        drafter = DSparkDrafter.load(
-            config.init_from, loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings()
-        ).float()
-        layer_ids = drafter.config.target_layer_ids
+        drafter = trained_drafter(loaded, config.init_from)
         drafter.config.confidence_temperatures = None  # STS is fitted again after training
     else:
         drafter = DSparkDrafter.for_target(
@@ -543,9 +550,7 @@ def run(
             markov_rank=config.markov_rank,
             target_layer_ids=layer_ids,
         ).float()
-    if layer_ids != cache.layer_ids:
-        raise ValueError(f"the feature cache holds layers {cache.layer_ids}, not {layer_ids}")
-    drafter.to(loaded.device).bind_vocab()
+    on_cache(drafter, cache, loaded.device)
     to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
     kinds = held_out_kinds(cache, held_out)
     initial, initial_by_kind = None, {}
