@@ -535,7 +535,6 @@ def run(
     mask_token = loaded.tokenizer.pad_token_id
     if mask_token is None:
         mask_token = next(iter(loaded.eos_ids))
-    layer_ids = config.target_layer_ids or cache.layer_ids
     if config.init_from is not None:
         drafter = trained_drafter(loaded, config.init_from)
         drafter.config.confidence_temperatures = None  # STS is fitted again after training
@@ -548,7 +547,7 @@ def run(
             num_layers=config.layers,
             block_size=config.block_size,
             markov_rank=config.markov_rank,
-            target_layer_ids=layer_ids,
+            target_layer_ids=config.target_layer_ids or cache.layer_ids,
         ).float()
     on_cache(drafter, cache, loaded.device)
     to_draft = to_draft_index(drafter.config.vocab_size, drafter.vocab.ids, cache.tokens.device)
