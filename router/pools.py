@@ -98,7 +98,7 @@ class InProcessPool(Pool):
                 raise QueueFullError(f"pool {self.name!r} is full ({self._depth} of {self._capacity} admitted)")
             self._depth += 1
             future = self._executor.submit(self._run, request, on_chunk, time.monotonic() + self.timeout_s)
-        future.add_done_callback(self._release)
+        future.add_done_callback(self._release_cancelled)
         return future
 
     def warmup(self) -> None:
@@ -127,9 +127,14 @@ class InProcessPool(Pool):
             last = self._solo_tokens
             self._solo_tokens = record.tokens if last is None else last + SOLO_SMOOTHING * (record.tokens - last)
 
-    def _release(self, _: Future[GenerationResult]) -> None:
+    def _release(self) -> None:
         with self._lock:
             self._depth -= 1
+
+    def _release_cancelled(self, future: Future[GenerationResult]) -> None:
+        """A request cancelled in the queue (the pool closing) never ran, so nothing else releases it."""
+        if future.cancelled():
+            self._release()
 
     def _replica(self, index: int) -> Backend:
         """Worker ``index``'s backend, loaded by the first request that needs it (the others wait for it)."""
@@ -152,6 +157,14 @@ class InProcessPool(Pool):
             raise ModelLoadError(f"pool {self.name!r} cannot load its backend: {exc}", param="model") from exc
 
     def _run(self, request: GenerationRequest, on_chunk: OnChunk | None, deadline: float) -> GenerationResult:
+        """One admitted request, released from the pool's depth before its future completes: a done-callback runs
+        after the caller's wait returns, so a caller holding the result could still see the request counted."""
+        try:
+            return self._serve(request, on_chunk, deadline)
+        finally:
+            self._release()
+
+    def _serve(self, request: GenerationRequest, on_chunk: OnChunk | None, deadline: float) -> GenerationResult:
         if time.monotonic() >= deadline:
             raise PoolTimeoutError(f"pool {self.name!r}: spent its {self.timeout_s:g}s timeout in the queue")
         with self._lock:
