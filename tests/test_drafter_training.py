@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import shutil
 from collections import Counter
 from dataclasses import replace
@@ -24,10 +25,17 @@ from backends.dspark.heads import DSparkConfig
 from backends.loading import load_model
 from backends.modelfactory import build_model, save_pretrained
 from backends.training import drafter as drafter_training
-from backends.training.checkpoints import CHECKPOINT_DIR, read_trained_on, split_sequences, write_trained_on
+from backends.training.checkpoints import (
+    CHECKPOINT_DIR,
+    HELD_OUT_PER_FAMILY,
+    Lineage,
+    read_trained_on,
+    split_sequences,
+    write_trained_on,
+)
 from backends.training.commands import VOCAB_FILE
 from backends.training.dataset import DISTILL_FILE, FOLLOW_UPS_FILE, STAGE_FILES
-from backends.training.distill import read_distilled
+from backends.training.distill import Distilled, read_distilled
 from backends.training.features import FeatureCache, sample_within
 from backends.training.heads import REPORT_FILE as HEADS_REPORT
 from backends.training.heads import HeadsTrainConfig
@@ -115,9 +123,48 @@ def test_features_of_a_sample_within_a_token_budget(sharp_target, run_dir, tmp_p
     assert cache.keys == [records[p].key for p in positions]
 
 
+def test_a_sample_keeps_each_sources_share_and_replays_seen_text_only_where_a_source_runs_out():
+    """``sample_within`` with a lineage: a source with enough unseen text gives only unseen text; a source with
+    too little gives all of it and fills its share with text the lineage saw; every source keeps its share."""
+    records = [Distilled(i, "synth:code", [1] * 4, [2] * 6) for i in range(20)]
+    records += [Distilled(i, "subtask:rewriting", [1] * 4, [2] * 6) for i in range(20)]
+    seen = frozenset(r.key for r in records if r.source == "subtask:rewriting" and r.index >= 4)
+    seen |= {r.key for r in records if r.source == "synth:code" and r.index >= 15}
+    sample = sample_within(records, 200, 0, seen)
+    by_source = Counter(r.source for r in sample)
+    assert by_source == {"synth:code": 10, "subtask:rewriting": 10}
+    assert not any(r.key in seen for r in sample if r.source == "synth:code")
+    rewriting = [r for r in sample if r.source == "subtask:rewriting"]
+    assert sum(r.key in seen for r in rewriting) == 6 and {r.index for r in rewriting} >= {0, 1, 2, 3}
+    assert sample == sample_within(records, 200, 0, seen) != sample_within(records, 200, 1, seen)
+    assert sample_within(records, 400, 0, seen) == records
+
+
+def test_a_continued_run_holds_out_unseen_text_of_every_family(tmp_path):
+    """A continued run's held-out sequences are ones its lineage never saw, drawn from every source family (at
+    least the floor, or half a family's unseen ones where it has fewer) even where one family fills the cache; a
+    fresh run's
+    split is the plain seeded one."""
+    keys = [f"synth:code#{i}" for i in range(400)] + [f"stdlib:code#{i}" for i in range(40)]
+    keys += [f"subtask:qa_context#{i}" for i in range(40)]
+    rng = random.Random(0)
+    rng.shuffle(keys)
+    earlier = frozenset(k for k in keys if not k.startswith("synth") and int(k.split("#")[1]) >= 10)
+    earlier |= {f"synth:code#{i}" for i in range(200)}
+    write_trained_on(tmp_path, earlier)
+    lineage = Lineage.split(keys, len(keys), 0, 0.05, tmp_path)
+    held = [keys[i] for i in lineage.held_out]
+    assert not set(held) & earlier and sorted(lineage.held_out + lineage.training) == list(range(len(keys)))
+    assert Counter(k.split(":")[0] for k in held) == {"synth": HELD_OUT_PER_FAMILY, "stdlib": 10, "subtask": 10}
+    assert len({k.split(":")[0] for k in held[: len(held) // 2]}) == 3  # STS's half and the measured half both mix
+    fresh = Lineage.split(keys, len(keys), 0, 0.05, None)
+    assert (fresh.held_out, fresh.training) == split_sequences(len(keys), 0, 0.05)
+
+
 def test_features_of_text_a_drafter_never_saw_continue_it(sharp_target, run_dir, drafters, tmp_path):
-    """A drafter records what it trained on (its cache's training split); ``--feature-skip`` caches only the rest,
-    and a run continued on that measures on text the lineage never saw and records both runs' sequences."""
+    """A drafter records what it trained on (its cache's training split); ``--feature-lineage`` samples per source
+    what it never saw first, and a run continued on that measures on text the lineage never saw and records
+    what it replayed beside its lineage's."""
     full = FeatureCache.load(run_dir)
     training = split_sequences(full.sequences, 0, drafter_training.DrafterTrainConfig.holdout)[1]
     assert read_trained_on(drafters / DRAFTER_DIR) == {full.keys[i] for i in training}
@@ -125,15 +172,20 @@ def test_features_of_text_a_drafter_never_saw_continue_it(sharp_target, run_dir,
     shutil.copytree(drafters / DRAFTER_DIR, source)
     seen = frozenset(full.keys[: full.sequences // 2])
     write_trained_on(source, seen)
+    records = read_distilled(run_dir / DISTILL_FILE) + read_distilled(run_dir / FOLLOW_UPS_FILE)
+    budget = str(sum(len(r.tokens) for r in records) * 3 // 4)
     run = tmp_path / "run"
-    cache = features_of_answers(sharp_target, run_dir, run, "--feature-skip", str(source))
-    assert set(cache.keys) == set(full.keys) - seen
+    flags = ["--feature-tokens", budget, "--feature-lineage", str(source)]
+    cache = features_of_answers(sharp_target, run_dir, run, *flags)
+    assert cache.keys == [r.key for r in sample_within(records, int(budget), 0, seen)]
+    assert set(cache.keys) & seen and set(cache.keys) - seen
     output = tmp_path / "continued"
     argv = ["train", "dspark", "--target", str(sharp_target), "--run", str(run), "--steps", "2", "--batch-size", "3"]
     assert main([*argv, "--anchors", "4", "--init-from", str(source), "--output", str(output)]) == 0
     continued = read_trained_on(output)
-    assert seen < continued < seen | set(cache.keys)
     held_out = [key for key in cache.keys if key not in continued]
+    assert continued == seen | set(cache.keys) - set(held_out)
+    assert set(held_out) == set(cache.keys) - seen  # every family has fewer unseen than the floor: all held out
     kinds = json.loads((output / drafter_training.REPORT_FILE).read_text())["acceptance_by_kind"]
     assert {kind: m["sequences"] for kind, m in kinds.items()} == Counter(k.rsplit("#", 1)[0] for k in held_out)
     for measured in kinds.values():

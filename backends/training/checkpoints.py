@@ -16,7 +16,7 @@ TRAINER_STATE = "trainer_state.pt"
 CURVE_FILE = "curve.json"
 TRAINED_ON_FILE = "trained_on.json.gz"
 """Beside a trained drafter: the keys of every corpus sequence it trained on, through every run it continues, so a
-further run can take features of text it never saw (``train data --feature-skip``) and measure on that."""
+further run can sample text it never saw first (``train data --feature-lineage``) and measure on that."""
 
 
 def adamw(params, lr: float) -> torch.optim.AdamW:
@@ -89,11 +89,17 @@ def split_sequences(sequences: int, seed: int, holdout: float) -> tuple[list[int
     return order[:held], order[held:]
 
 
+HELD_OUT_PER_FAMILY = 48
+"""A continued run holds out at least this many sequences of each source family (subtask, stdlib, synth,
+follow-up) its lineage never saw, or all of them where the cache has fewer: a sample mostly of one family still
+measures the others, so a run that forgets one shows it before it is served."""
+
+
 @dataclass(frozen=True)
 class Lineage:
     """A run's split of its feature cache, given what its starting point (``init_from``) and every run before that
-    trained on: held-out sequences the lineage saw are left out, so before and after are measured on text it never
-    saw, and the run's record is the lineage's plus its own training sequences."""
+    trained on: only sequences the lineage never saw are held out, so before and after are measured on text it
+    never saw, and the run's record is the lineage's plus its own training sequences (replayed ones included)."""
 
     earlier: frozenset[str]
     held_out: list[int]
@@ -103,13 +109,21 @@ class Lineage:
     def split(
         cls, keys: list[str] | None, sequences: int, seed: int, holdout: float, init_from: Path | None
     ) -> Lineage:
-        held_out, training = split_sequences(sequences, seed, holdout)
         earlier = read_trained_on(init_from) if init_from is not None else frozenset()
-        if earlier and keys is not None:
-            held_out = [i for i in held_out if keys[i] not in earlier]
-            if not held_out:
-                raise ValueError(f"{init_from} trained on every held-out sequence: see train data --feature-skip")
-        return cls(earlier, held_out, training)
+        if not earlier or keys is None:
+            return cls(earlier, *split_sequences(sequences, seed, holdout))
+        order = list(range(sequences))
+        random.Random(seed).shuffle(order)
+        families: dict[str, list[int]] = {}
+        for i in order:
+            families.setdefault(keys[i].split(":", 1)[0], []).append(i)
+        held = set()
+        for members in families.values():
+            unseen = [i for i in members if keys[i] not in earlier]
+            held.update(unseen[: max(int(len(members) * holdout), HELD_OUT_PER_FAMILY)])
+        if not held:
+            raise ValueError(f"{init_from} trained on every sequence of the cache: see train data --feature-lineage")
+        return cls(earlier, [i for i in order if i in held], [i for i in order if i not in held])
 
     def record(self, output: Path, keys: list[str] | None) -> None:
         """The lineage's record with this run's training sequences, beside its weights in ``output`` (none where

@@ -46,9 +46,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         help="cache features for a seeded sample of the corpus of at most this many tokens (default: all of it)",
     )
     data.add_argument(
-        "--feature-skip",
+        "--feature-lineage",
         metavar="DRAFTER",
-        help="leave out the sequences this trained drafter saw (its trained_on.json.gz): features to continue it on",
+        help="with --feature-tokens, a sample to continue this trained drafter on: per source, text its lineage "
+        "never saw (its trained_on.json.gz) first, replaying what it saw where a source has no more",
     )
     data.set_defaults(handler=_data)
 
@@ -253,10 +254,9 @@ def _data(args: argparse.Namespace) -> int:
     if args.features:
         import torch
 
-        skip = read_trained_on(Path(args.feature_skip)) if args.feature_skip else frozenset()
-        if args.feature_tokens is not None or skip:
-            budget = args.feature_tokens if args.feature_tokens is not None else sum(len(r.tokens) for r in records)
-            records = sample_within(records, budget, args.seed, skip)
+        if args.feature_tokens is not None:
+            seen = read_trained_on(Path(args.feature_lineage)) if args.feature_lineage else frozenset()
+            records = sample_within(records, args.feature_tokens, args.seed, seen)
         run, layer_ids = Path(args.run), _layer_ids(args, loaded)
         if not FeatureCache.exists(run, layer_ids):
             dtype = getattr(torch, args.feature_dtype)

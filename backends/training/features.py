@@ -165,18 +165,29 @@ def build_feature_cache(
 
 
 def sample_within(
-    records: list[Distilled], max_tokens: int, seed: int, skip: frozenset[str] = frozenset()
+    records: list[Distilled], max_tokens: int, seed: int, seen: frozenset[str] = frozenset()
 ) -> list[Distilled]:
-    """A seeded sample of ``records`` holding at most ``max_tokens`` tokens in all, in corpus order: where the whole
-    corpus's features would not fit the disk or the time there is, every source keeps its share in expectation.
-    Records whose key is in ``skip`` (what a drafter trained further already saw) are never chosen."""
-    order = [i for i in range(len(records)) if records[i].key not in skip]
-    random.Random(seed).shuffle(order)
-    chosen, total = [], 0
-    for index in order:
-        if total + len(records[index].tokens) <= max_tokens:
-            chosen.append(index)
-            total += len(records[index].tokens)
+    """A seeded sample of ``records`` holding at most ``max_tokens`` tokens in all, in corpus order, where the whole
+    corpus's features would not fit the disk or the time there is: each source keeps its share of the corpus's
+    tokens. Within a source, records whose key is in ``seen`` (what a drafter trained further already saw) are
+    taken only once its unseen ones run out: a continued run learns from new text where a source has some and
+    replays its lineage's where it has none. Sampling unseen text alone took nearly all of it from the one source
+    that still had some, and a drafter continued on that forgot the others as served (its model card)."""
+    rng = random.Random(seed)
+    by_source: dict[str, list[int]] = {}
+    for index, record in enumerate(records):
+        by_source.setdefault(record.source, []).append(index)
+    corpus_tokens = sum(len(r.tokens) for r in records)
+    chosen = []
+    for source in sorted(by_source):
+        members = by_source[source]
+        rng.shuffle(members)
+        budget = max_tokens * sum(len(records[i].tokens) for i in members) // max(1, corpus_tokens)
+        total = 0
+        for index in sorted(members, key=lambda i: records[i].key in seen):
+            if total + len(records[index].tokens) <= budget:
+                chosen.append(index)
+                total += len(records[index].tokens)
     return [records[i] for i in sorted(chosen)]
 
 
