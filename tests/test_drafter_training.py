@@ -142,9 +142,8 @@ def test_a_sample_keeps_each_sources_share_and_replays_seen_text_only_where_a_so
 
 def test_a_continued_run_holds_out_unseen_text_of_every_family(tmp_path):
     """A continued run's held-out sequences are ones its lineage never saw, drawn from every source family (at
-    least the floor, or half a family's unseen ones where it has fewer) even where one family fills the cache; a
-    fresh run's
-    split is the plain seeded one."""
+    least the floor, or all of a family's unseen ones where it has fewer) even where one family fills the cache;
+    a fresh run's split is the plain seeded one."""
     keys = [f"synth:code#{i}" for i in range(400)] + [f"stdlib:code#{i}" for i in range(40)]
     keys += [f"subtask:qa_context#{i}" for i in range(40)]
     rng = random.Random(0)
