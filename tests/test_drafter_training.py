@@ -195,6 +195,15 @@ def test_features_of_text_a_drafter_never_saw_continue_it(sharp_target, run_dir,
         assert measured["greedy_expected_tokens"] == drafter_training.tokens_a_round(greedy)
 
 
+def test_a_lineage_without_a_token_budget_is_refused_before_any_work(tmp_path):
+    """Without ``--feature-tokens`` every sequence is cached, so ``--feature-lineage`` alone would choose nothing:
+    the command says so instead of running as if it were not given."""
+    argv = ["train", "data", "--target", str(tmp_path / "absent"), "--run", str(tmp_path / "run")]
+    with pytest.raises(SystemExit, match="--feature-tokens"):
+        main([*argv, "--feature-lineage", str(tmp_path / "drafter")])
+    assert not (tmp_path / "run").exists()
+
+
 def test_both_drafters_learn_and_decode_losslessly_from_their_own_folder(sharp_target, drafters):
     report = json.loads((drafters / DRAFTER_DIR / drafter_training.REPORT_FILE).read_text())
     assert report["final_loss"] < report["first_loss"]
@@ -257,6 +266,33 @@ def test_training_continues_from_a_trained_drafter(sharp_target, run_dir, drafte
     assert initial == pytest.approx(trained["acceptance_by_position"], abs=0.02)  # saved in bfloat16
     with safe_open(continued / WEIGHTS_FILE, "pt") as weights, safe_open(source / WEIGHTS_FILE, "pt") as shipped:
         assert torch.equal(weights.get_tensor("draft_vocab"), shipped.get_tensor("draft_vocab"))
+
+
+def test_a_deeper_drafter_starts_as_the_trained_one(sharp_target, run_dir, drafters, tmp_path):
+    """``--init-from`` with more ``--draft-layers`` than the trained drafter has appends layers that add nothing
+    yet: the deeper drafter's block pass equals the trained one's exactly, its run starts from the trained one's
+    held-out acceptance, and its folder loads with the new depth; a run asking for fewer layers is refused."""
+    source = drafters / DRAFTER_DIR
+    loaded = load_model(sharp_target)
+    shallow = drafter_training.trained_drafter(loaded, source)
+    deep = drafter_training.deepened(drafter_training.trained_drafter(loaded, source), 3)
+    assert (len(shallow.layers), len(deep.layers), deep.config.num_hidden_layers) == (1, 3, 3)
+    features = torch.randn(5, shallow.config.context_width, generator=torch.Generator().manual_seed(0))
+    contexts = shallow.new_context(), deep.new_context()
+    shallow.extend_context(contexts[0], features)
+    deep.extend_context(contexts[1], features)
+    assert torch.equal(deep.draft_hidden(contexts[1], 3), shallow.draft_hidden(contexts[0], 3))
+    assert not torch.equal(deep.layers[2].mlp.up_proj.weight, torch.zeros_like(deep.layers[2].mlp.up_proj.weight))
+
+    argv = ["train", "dspark", "--target", str(sharp_target), "--run", str(run_dir), "--steps", "2"]
+    argv += ["--batch-size", "3", "--anchors", "4", "--init-from", str(source)]
+    assert main([*argv, "--draft-layers", "2", "--output", str(tmp_path / "deep")]) == 0
+    report = json.loads((tmp_path / "deep" / drafter_training.REPORT_FILE).read_text())
+    trained = json.loads((source / drafter_training.REPORT_FILE).read_text())
+    assert report["initial_acceptance_by_position"] == pytest.approx(trained["acceptance_by_position"], abs=0.02)
+    assert load_drafter(loaded, tmp_path / "deep").config.num_hidden_layers == 2
+    with pytest.raises(ValueError, match="only added"):
+        main([*argv, "--draft-layers", "0", "--output", str(tmp_path / "shallower")])
 
 
 def test_span_heads_continue_from_trained_heads(sharp_target, run_dir, drafters, tmp_path):

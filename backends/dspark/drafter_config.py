@@ -26,6 +26,8 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 ARCHITECTURE = "Qwen3DSparkModel"
 DEFAULT_BLOCK_SIZE = 7
+DEFAULT_LAYERS = 2
+"""Backbone layers of a fresh drafter: the paper's two already beat a 5-layer DFlash."""
 # DeepSpec samples 512 anchors per training sequence and requires the key; it means nothing at inference.
 DEFAULT_NUM_ANCHORS = 512
 OWN_KEYS = ("confidence_temperatures", "draft_vocab_size")
@@ -119,7 +121,7 @@ class DrafterConfig:
         target: PretrainedConfig,
         *,
         mask_token_id: int,
-        num_layers: int = 2,
+        num_layers: int = DEFAULT_LAYERS,
         block_size: int = DEFAULT_BLOCK_SIZE,
         markov_rank: int = 256,
         target_layer_ids: list[int] | None = None,

@@ -115,7 +115,12 @@ def _dspark_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument("--batch-size", type=int, default=8, help="sequences per step")
     p.add_argument("--anchors", type=int, default=32, help="blocks per sequence")
     p.add_argument(f"--{prefix}lr", type=float, default=6e-4)
-    p.add_argument("--draft-layers", type=int, default=2, help="backbone layers")
+    p.add_argument(
+        "--draft-layers",
+        type=int,
+        help="backbone layers (default: 2, or the --init-from drafter's; more than it has appends layers that "
+        "start adding nothing)",
+    )
     p.add_argument("--block-size", type=int, default=7, help="draft tokens per block (gamma)")
     p.add_argument("--markov-rank", type=int, default=64)
     p.add_argument(
@@ -249,6 +254,8 @@ def _data(args: argparse.Namespace) -> int:
     from backends.training.checkpoints import read_trained_on
     from backends.training.features import FeatureCache, build_feature_cache, sample_within
 
+    if args.feature_lineage and args.feature_tokens is None:
+        raise SystemExit("train data: --feature-lineage chooses a sample within --feature-tokens; give both")
     loaded, records = _corpus(args)
     _write_vocab(args, loaded, records)
     if args.features:

@@ -19,6 +19,7 @@ runs show progress, checkpoint every few hundred steps and resume from the last 
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 import time
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from backends.dspark.drafter import DSparkDrafter
+from backends.dspark.drafter_config import DEFAULT_LAYERS
 from backends.loading import LoadedModel, bfloat16_autocast
 from backends.progress import JobProgress
 from backends.scheduling import prefix_survival
@@ -64,7 +66,9 @@ class DrafterTrainConfig:
     seed: int = 0
     holdout: float = 0.05
     block_size: int = 7
-    layers: int = 2
+    layers: int | None = None
+    """Backbone layers: a fresh drafter's (``DEFAULT_LAYERS`` when None), or with ``init_from`` as many as the
+    starting drafter has when None, and more appended where given (:func:`deepened`)."""
     markov_rank: int = 64
     target_layer_ids: list[int] | None = None
     ce_weight: float = 0.1
@@ -488,6 +492,28 @@ def trained_drafter(loaded: LoadedModel, folder: Path) -> DSparkDrafter:
     return DSparkDrafter.load(folder, loaded.model.get_input_embeddings(), loaded.model.get_output_embeddings()).float()
 
 
+def deepened(drafter: DSparkDrafter, layers: int | None) -> DSparkDrafter:
+    """``drafter`` with backbone layers appended up to ``layers``, each a copy of its last layer whose attention
+    and MLP output projections are zero: a residual block that adds nothing yet, so the deeper drafter drafts
+    exactly as the trained one did and training goes on from there instead of from scratch. A layer costs a
+    round one backbone layer more (0.2-0.3 ms on a 2-core AMD EPYC Zen 4, against a 4-6 ms target step)."""
+    have = drafter.config.num_hidden_layers
+    if layers is None or layers == have:
+        return drafter
+    if layers < have:
+        raise ValueError(f"a {have}-layer drafter cannot continue with {layers} layers: layers are only added")
+    for _ in range(layers - have):
+        layer = copy.deepcopy(drafter.layers[-1])
+        with torch.no_grad():
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+            if layer.self_attn.o_proj.bias is not None:
+                layer.self_attn.o_proj.bias.zero_()
+        drafter.layers.append(layer)
+    drafter.config.num_hidden_layers = layers
+    return drafter
+
+
 def on_cache(drafter: DSparkDrafter, cache: FeatureCache, device: torch.device) -> DSparkDrafter:
     """The drafter on ``device`` with its vocabulary bound, once the cache is known to hold the layers it reads."""
     if drafter.config.target_layer_ids != cache.layer_ids:
@@ -536,7 +562,7 @@ def run(
     if mask_token is None:
         mask_token = next(iter(loaded.eos_ids))
     if config.init_from is not None:
-        drafter = trained_drafter(loaded, config.init_from)
+        drafter = deepened(trained_drafter(loaded, config.init_from), config.layers)
         drafter.config.confidence_temperatures = None  # STS is fitted again after training
     else:
         drafter = DSparkDrafter.for_target(
@@ -544,7 +570,7 @@ def run(
             mask_token,
             seed=config.seed,
             draft_vocab=draft_vocab,
-            num_layers=config.layers,
+            num_layers=config.layers or DEFAULT_LAYERS,
             block_size=config.block_size,
             markov_rank=config.markov_rank,
             target_layer_ids=config.target_layer_ids or cache.layer_ids,
