@@ -118,8 +118,8 @@ def _dspark_options(p: argparse.ArgumentParser, prefix: str = "") -> None:
     p.add_argument(
         "--draft-layers",
         type=int,
-        help="backbone layers (default: 2, or the --init-from drafter's; more than it has appends layers that "
-        "start adding nothing)",
+        help="backbone layers (default: a fresh drafter's, or the --init-from drafter's; more than it has appends "
+        "layers that start out adding nothing)",
     )
     p.add_argument("--block-size", type=int, default=7, help="draft tokens per block (gamma)")
     p.add_argument("--markov-rank", type=int, default=64)
