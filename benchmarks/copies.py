@@ -27,6 +27,7 @@ from functools import partial
 from pathlib import Path
 from typing import Protocol
 
+from backends.corpus.recipe import source_family
 from backends.default_model import DEFAULT_DRAFTERS
 from backends.dspark.lookup import MATCH_CLASSES, Copy, CopyAcceptance, NgramLookup, match_class
 from backends.progress import JobProgress
@@ -181,7 +182,7 @@ def read_answers(corpus: Path, limit: int, seed: int) -> list[Answer]:
 
     with gzip.open(corpus / f"{DISTILL_FILE}.gz", "rt", encoding="utf-8") as lines:
         records = [json.loads(line) for line in lines]
-    greedy = [Answer(r["prompt"], r["completion"]) for r in records if r["source"].split(":")[0] in GREEDY_SOURCES]
+    greedy = [Answer(r["prompt"], r["completion"]) for r in records if source_family(r["source"]) in GREEDY_SOURCES]
     random.Random(seed).shuffle(greedy)
     return greedy[:limit]
 

@@ -35,6 +35,11 @@ SAMPLED_TEMPERATURE = 1.0
 MANIFEST_FILE = "corpus_manifest.json"
 
 
+def source_family(source: str) -> str:
+    """The family of a source (``synth`` of ``synth:math``) or of a sequence key that starts with one."""
+    return source.split(":", 1)[0]
+
+
 @dataclass(frozen=True)
 class CorpusRecipe:
     """How many prompts of each source, and how they are answered; the defaults are what ``make model`` runs."""
@@ -76,7 +81,7 @@ class Manifest:
     unusable: Counter = field(default_factory=Counter)
 
     def count(self, source: str) -> SourceCount:
-        return self.sources.setdefault(source.split(":")[0], SourceCount())
+        return self.sources.setdefault(source_family(source), SourceCount())
 
     @property
     def answer_tokens(self) -> int:

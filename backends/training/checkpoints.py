@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from backends.corpus.recipe import source_family
+
 CHECKPOINT_DIR = "checkpoint"
 TRAINER_STATE = "trainer_state.pt"
 CURVE_FILE = "curve.json"
@@ -116,7 +118,7 @@ class Lineage:
         random.Random(seed).shuffle(order)
         families: dict[str, list[int]] = {}
         for i in order:
-            families.setdefault(keys[i].split(":", 1)[0], []).append(i)
+            families.setdefault(source_family(keys[i]), []).append(i)
         held = set()
         for members in families.values():
             unseen = [i for i in members if keys[i] not in earlier]
