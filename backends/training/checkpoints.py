@@ -83,10 +83,16 @@ def plot_curve(curve: list[dict[str, float]], path: Path, title: str) -> None:
     plt.close(figure)
 
 
-def split_sequences(sequences: int, seed: int, holdout: float) -> tuple[list[int], list[int]]:
-    """(held out, training) sequence indices, shuffled by ``seed``; at least two held out."""
+def shuffled(sequences: int, seed: int) -> list[int]:
+    """Sequence indices in the order ``seed`` gives them: every split of a cache draws from this one order."""
     order = list(range(sequences))
     random.Random(seed).shuffle(order)
+    return order
+
+
+def split_sequences(sequences: int, seed: int, holdout: float) -> tuple[list[int], list[int]]:
+    """(held out, training) sequence indices, shuffled by ``seed``; at least two held out."""
+    order = shuffled(sequences, seed)
     held = max(2, int(len(order) * holdout))
     return order[:held], order[held:]
 
@@ -114,8 +120,7 @@ class Lineage:
         earlier = read_trained_on(init_from) if init_from is not None else frozenset()
         if not earlier or keys is None:
             return cls(earlier, *split_sequences(sequences, seed, holdout))
-        order = list(range(sequences))
-        random.Random(seed).shuffle(order)
+        order = shuffled(sequences, seed)
         families: dict[str, list[int]] = {}
         for i in order:
             families.setdefault(source_family(keys[i]), []).append(i)
