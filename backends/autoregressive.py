@@ -26,9 +26,14 @@ class AutoregressiveBackend(LocalBackend):
 
     @classmethod
     def from_pretrained(
-        cls, path: str | Path, device: str = "auto", dtype: str = "auto", limits: BatchLimits | None = None
+        cls,
+        path: str | Path,
+        device: str = "auto",
+        dtype: str = "auto",
+        limits: BatchLimits | None = None,
+        threads: int | None = None,
     ) -> AutoregressiveBackend:
-        return cls(load_shared(path, device=device, dtype=dtype), limits)
+        return cls(load_shared(path, device=device, dtype=dtype, threads=threads), limits)
 
     def _decode(
         self,

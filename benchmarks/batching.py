@@ -15,9 +15,6 @@ At each concurrency C, C clients run a closed loop (a client sends its next requ
 answered) for ``--window`` seconds over a mix of held-out subtasks and ``--prompts`` (real benchmark prompts,
 evaluation only), greedy. Total tokens/s counts every completion token over the wall time until the last
 answer; per-request tokens/s is a request's completion tokens over its latency, queue wait included.
-
-The local contenders load on a thread of their own, and each one's batching thread is ended before the next is
-measured: an OpenMP team left on a live thread would slow whichever contender runs next (backends/threads.py).
 """
 
 from __future__ import annotations
@@ -35,7 +32,6 @@ import torch
 
 from backends.default_model import DEFAULT_MODEL
 from backends.progress import JobProgress
-from backends.threads import on_own_thread
 from backends.types import GenerationRequest
 from benchmarks.decode_sets import held_out_sets, shared_sets
 from benchmarks.local_serve import transformers_serve
@@ -151,7 +147,7 @@ class LocalContenders:
         return lambda request: backend.complete(request).usage.completion_tokens
 
     def rest(self, name: str) -> None:
-        """End the contender's batching thread, and its OpenMP team with it, before another is measured."""
+        """End the contender's batching thread before another is measured, so each starts on an idle machine."""
         if name in self.backends:
             self.backends[name].engine.stop()
 
@@ -182,7 +178,7 @@ def run_benchmark(
     window_s: float,
     threads: int,
 ) -> dict:
-    local = on_own_thread(lambda: LocalContenders(model, max(levels)))
+    local = LocalContenders(model, max(levels))
     requests, dropped = fitting(local.backends["batched"].loaded, requests)
     report: dict = {
         "model": str(model),

@@ -40,9 +40,9 @@ from backends.dspark.backend import DSparkBackend
 from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.profile import measure_round
-from backends.loading import cpu_name, prompt_ids
+from backends.loading import prompt_ids
+from backends.precision import cpu_name
 from backends.progress import JobProgress
-from backends.threads import on_own_thread
 from backends.training.drafter import REPORT_FILE as TRAIN_REPORT_FILE
 from backends.types import DSparkOptions, GenerationRequest, SpanStats
 from benchmarks import decode_plots, decode_probe
@@ -164,7 +164,7 @@ class Contenders:
         self.ar = AutoregressiveBackend(self.dspark.loaded)
         eos = self.dspark.loaded.eos_ids
         self.llama_cpp = {
-            name: on_own_thread(lambda lookup=lookup: LlamaCppPeer(gguf, eos, lookup), name="llama-cpp-load")
+            name: LlamaCppPeer(gguf, eos, lookup)
             for name, lookup in (("llama_cpp", False), ("llama_cpp_lookup", True))
             if gguf is not None
         }
@@ -194,17 +194,13 @@ class Contenders:
         return Run(tokens=result.token_ids, seconds=result.stats.wall_time_s, spans=result.stats.spans)
 
     def _llama_cpp(self, peer: LlamaCppPeer, request: GenerationRequest) -> Run:
-        """llama.cpp from the same chat-templated ids, on a thread that ends with it (as every call here)."""
-        prompt = prompt_ids(self.dspark.loaded, request)
-        answer = on_own_thread(lambda: peer.run(prompt, request), name="llama-cpp")
+        """llama.cpp from the same chat-templated ids."""
+        answer = peer.run(prompt_ids(self.dspark.loaded, request), request)
         return Run(answer.tokens, answer.seconds, committed=answer.committed, forwards=answer.forwards)
 
     def _hf(self, request: GenerationRequest, **options) -> Run:
-        """transformers' ``generate`` on a thread that ends with it, as every torch call here outside the decode
-        engine: an OpenMP team left in this thread would slow the engine's steps (:mod:`backends.threads`)."""
-        return on_own_thread(lambda: self._hf_generate(request, **options), name="hf-generate")
-
-    def _hf_generate(self, request: GenerationRequest, **options) -> Run:
+        """transformers' ``generate`` on the float32 reference, in this thread (its OpenMP team does not reach the
+        packed engine's threads)."""
         loaded = self.dspark.loaded
         ids = torch.tensor([prompt_ids(loaded, request)])
         sampling = (
@@ -238,10 +234,8 @@ class Contenders:
         sequence = [*prompt, *reference]
         if drafter == "heads":
             width = self.dspark.policy.longest - 1
-            return on_own_thread(lambda: decode_probe.probe_heads(self.dspark.model, sequence, len(prompt), width))
-        return on_own_thread(
-            lambda: decode_probe.probe_dspark(self.dspark.loaded, self.dspark.drafter, sequence, len(prompt))
-        )
+            return decode_probe.probe_heads(self.dspark.model, sequence, len(prompt), width)
+        return decode_probe.probe_dspark(self.dspark.loaded, self.dspark.drafter, sequence, len(prompt))
 
     def ties(self, prompt_set: PromptSet, runs: list[dict[str, Run]], variants: list[str]) -> dict[str, list[Tie]]:
         """Per variant, the cause of each greedy output that left the autoregressive one (:mod:`decode_ties`)."""
@@ -251,8 +245,7 @@ class Contenders:
             for variant in variants:
                 reference, other = run["ar"].tokens, run[f"dspark_{variant}"].tokens
                 if reference != other:
-                    tie = on_own_thread(lambda p=prompt, r=reference, o=other: find_tie(loaded, p, r, o))
-                    found.setdefault(variant, []).append(tie)
+                    found.setdefault(variant, []).append(find_tie(loaded, prompt, reference, other))
         return found
 
     def round_costs(self) -> dict[str, float] | None:
@@ -260,7 +253,7 @@ class Contenders:
         drafter's parts), to read the speedups against; None without that drafter."""
         if "dspark" not in self.drafters:
             return None
-        return asdict(on_own_thread(lambda: measure_round(self.dspark.loaded, self.dspark.drafter, repeats=20)))
+        return asdict(measure_round(self.dspark.loaded, self.dspark.drafter, repeats=20))
 
     def verified_at(self, drafter: str) -> decode_probe.VerifiedAt:
         if drafter == "heads":

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.errors import InvalidRequestError
-from backends.loading import cpu_name
+from backends.precision import cpu_name
 from backends.progress import JobProgress
 from benchmarks import fleet_plots
 from benchmarks.fleet_policies import POLICIES, Fleet, Judged, carried_speedups, classifier_scorers, simulate

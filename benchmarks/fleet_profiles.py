@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from backends.default_model import REPO_ROOT
-from backends.dspark.profile import closest_curve, stored_curves
+from backends.dspark.curves import closest_curve, stored_curves
 from backends.scheduling import SpsCurve
 
 PROFILES_DIR = Path(__file__).with_name("fleet_profiles")

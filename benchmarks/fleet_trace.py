@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.dspark.profile import closest_curve, stored_curves
+from backends.dspark.curves import closest_curve, stored_curves
 from backends.scheduling import SpsCurve
 from classifiers.records import Measurement, read_measurements
 from router.decisions import RouteRecord

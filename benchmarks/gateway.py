@@ -141,7 +141,7 @@ def _route_load(url: str, body: dict[str, Any], clients: int, seconds: float) ->
 
 
 @contextmanager
-def _serving(app: Any) -> Iterator[int]:
+def serving(app: Any) -> Iterator[int]:
     """uvicorn on a loopback port the OS picks, in a thread of this process; yields the port."""
     import uvicorn
 
@@ -171,7 +171,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
     with Router.from_config(args.config) as router:
         router.warmup()
         settings = GatewayConfig(api_keys_env=None, max_concurrency=max(64, args.clients))
-        with _serving(create_app(router, settings, warmup=False)) as port, JobProgress(log_every=100) as progress:
+        with serving(create_app(router, settings, warmup=False)) as port, JobProgress(log_every=100) as progress:
             client = Client(port)
             task = progress.add_job("bench gateway", total=3 * args.requests + 1)
 

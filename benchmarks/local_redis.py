@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
@@ -61,3 +65,19 @@ class LocalRedis:
             self.proc.terminate()
             self.proc.wait(timeout=10)
             self.proc = None
+
+
+@contextmanager
+def local_redis() -> Iterator[str]:
+    """``REDIS_URL`` when set, else a private server's URL for the block (stopped, with its folder, afterwards)."""
+    url = os.environ.get("REDIS_URL")
+    if url is not None:
+        yield url
+        return
+    with tempfile.TemporaryDirectory() as folder:
+        server = LocalRedis(Path(folder))
+        server.start()
+        try:
+            yield server.url
+        finally:
+            server.stop()

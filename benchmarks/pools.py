@@ -37,7 +37,7 @@ import yaml
 from backends.corpus.subtasks import KINDS, OPEN_ENDED_KINDS, generate_subtasks
 from backends.default_model import DEFAULT_MODEL
 from backends.progress import JobProgress
-from benchmarks.local_redis import LocalRedis
+from benchmarks.local_redis import local_redis
 from benchmarks.output import write_json
 
 HELD_OUT_SEED = 9_002
@@ -121,12 +121,7 @@ def run_benchmark(model: Path, count: int, max_tokens: int, concurrency: int, ro
     torch.set_num_threads(1)
     batch = requests(count, max_tokens)
     with ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        url = os.environ.get("REDIS_URL")
-        if url is None:
-            server = LocalRedis(Path(tmp))
-            server.start()
-            stack.callback(server.stop)
-            url = server.url
+        url = stack.enter_context(local_redis())
         config_path = Path(tmp) / "router.yaml"
         config_path.write_text(yaml.safe_dump(deployment_config(model, url)))
         start_workers(config_path, stack)

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from backends.default_model import DEFAULT_DRAFTERS, DEFAULT_MODEL
-from backends.dspark.profile import machine_parts
-from backends.loading import cpu_generation, cpu_name, resolve_precision
+from backends.dspark.curves import machine_parts
+from backends.loading import resolve_precision
 from backends.packed.build import kernels_name
-from backends.packed.model import QUANTIZED_PRECISION
+from backends.precision import QUANTIZED_PRECISION, cpu_generation, cpu_name
 
 PUBLISHED = Path(__file__).with_name("published.md")
 
@@ -209,6 +209,17 @@ def engine(data: dict, results: Path, base: Path) -> str:
             f"kernel call {b['kernel_call_ms']:.2f} ms (attention, norms and the rest are the difference), the Python "
             f"around it the rest of the 1-token column."
         )
+        if "prefill_tokens_per_s" in packed:
+            targets = packed["targets"]
+            parts.append(
+                f"Against the targets: a step {packed['step_over_floor']:.2f}x the floor (target "
+                f"{targets['step_over_floor']}x), the kernel call {packed['kernel_over_weights']:.2f}x the weight "
+                f"matrices' time (target {targets['kernel_over_weights']}x; measured one matrix at a time, so an "
+                f"L3 that holds one reads it faster than a step does), prefill "
+                + ", ".join(f"{s:,.0f}" for s in packed["prefill_tokens_per_s"].values())
+                + f" prompt tokens/s at {', '.join(packed['prefill_tokens_per_s'])} tokens (target "
+                f"{targets['prefill_tokens_per_s']:,.0f}), on {packed['threads']} threads of the engine's own."
+            )
         by_context = packed.get("step_by_context")
         if by_context:
             parts.append(
@@ -232,7 +243,33 @@ def engine(data: dict, results: Path, base: Path) -> str:
                 )
             )
     parts.append(_image(results, "engine.png", base, "forward cost by tokens in it"))
+    if "host" in data:
+        parts.append(_noisy_host(data["host"]))
     return "\n\n".join(p for p in parts if p)
+
+
+def _noisy_host(host: dict) -> str:
+    """The engine's decoding speed after the host process's own work, against a clean process."""
+    work = [w for w in next(iter(host["tokens_per_s"].values())) if w != "clean"]
+    rows = [
+        [path, speeds["clean"], *[f"{speeds[w]:.0f} ({host['after_work_ratio'][path][w]:.2f}x)" for w in work]]
+        for path, speeds in host["tokens_per_s"].items()
+    ]
+    skipped = f" ({', '.join(host['skipped'])} not installed)" if host["skipped"] else ""
+    return "\n\n".join(
+        [
+            f"**A noisy host.** Greedy tokens/s of the standard pool ({host['requests']} requests of "
+            f"{host['max_tokens']} tokens, median of {host['repeats']} fresh processes each), in a clean process and "
+            f"after the host process's main thread ran other work first{skipped}: in-process through the SDK, through "
+            f"the gateway over loopback HTTP, and on a Redis worker. Target: at least "
+            f"{host['targets']['after_work_ratio']}x of clean everywhere.",
+            table(["path", "clean", *[f"after {w}" for w in work]], rows, digits=0),
+            f"Idle, the process took {100 * host['idle_core_share']:.2f}% of a core over 10 s (target under "
+            f"{100 * host['targets']['idle_core_share']:g}%); `dspark-router --help` answered in "
+            f"{host['help_s']:.2f} s (target {host['targets']['help_s']}) and `dspark-router route MESSAGE` in "
+            f"{host['route_s']:.2f} s (target {host['targets']['route_s']}), models not loaded.",
+        ]
+    )
 
 
 def copies(data: dict, results: Path, base: Path) -> str:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from backends.dspark.profile import stored_curves
+from backends.dspark.curves import stored_curves
 from classifiers.calibrate import carried_to, measured_on
 from classifiers.gain import oracle_share, time_over_oracle, time_saved
 from classifiers.records import Measurement

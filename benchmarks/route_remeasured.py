@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from backends.dspark.profile import carry_factor, stored_curves
+from backends.dspark.curves import carry_factor, stored_curves
 from classifiers.calibrate import measured_on
 from classifiers.gain import oracle_share, time_saved
 from classifiers.records import Measurement

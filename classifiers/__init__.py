@@ -11,6 +11,7 @@ from backends.corpus.evaluation import AGENT_MIX as AGENT_MIX
 
 if TYPE_CHECKING:
     from classifiers.model import DeterminismClassifier
+    from classifiers.weights import ClassifierWeights
 
 DATA_DIR = Path(__file__).parent / "data"
 DEFAULT_CLASSIFIER = DATA_DIR / "default.skops"
@@ -53,9 +54,20 @@ class SpeedupScorer(Protocol):
     def expected_speedup(self, request: dict[str, Any]) -> float: ...
 
 
-def load_default() -> DeterminismClassifier:
-    """The shipped classifier (``classifiers/data/default.skops``, trained by ``dspark-router calibrate``).
-    Imported lazily: the router imports :class:`Scorer` without paying for scikit-learn."""
+def load_scorer(path: str | Path) -> ClassifierWeights | DeterminismClassifier:
+    """What the router scores with from a classifier file: the weights saved beside it for it
+    (:mod:`classifiers.weights`, no skops to import), else the archive itself. Imported lazily: the router imports
+    :class:`Scorer` without paying for scikit-learn."""
+    from classifiers.weights import ClassifierWeights
+
+    weights = ClassifierWeights.of_archive(Path(path))
+    if weights is not None:
+        return weights
     from classifiers.model import DeterminismClassifier
 
-    return DeterminismClassifier.load(DEFAULT_CLASSIFIER)
+    return DeterminismClassifier.load(path)
+
+
+def load_default() -> ClassifierWeights | DeterminismClassifier:
+    """The shipped classifier (``classifiers/data/default.skops``, trained by ``dspark-router calibrate``)."""
+    return load_scorer(DEFAULT_CLASSIFIER)

@@ -35,7 +35,8 @@ from backends.autoregressive import AutoregressiveBackend
 from backends.corpus.subtasks import Subtask
 from backends.default_model import drafters_for
 from backends.dspark.backend import DSparkBackend
-from backends.dspark.profile import carry_factor, machine_key, stored_curves
+from backends.dspark.curves import carry_factor, machine_key, stored_curves
+from backends.dspark.profile import loaded_key
 from backends.errors import InvalidRequestError
 from backends.loading import resolve_device, resolve_precision
 from backends.local import LocalBackend
@@ -120,10 +121,10 @@ def block_runs(
     Pools take turns by block, never by request, because a run right after a run of the other pool was once
     about 18% slower than one after its own (same prompt, 64 tokens, bfloat16 on AMX: 2.9 s against 2.5 s for
     plain decoding, 2.7 s against 2.3 s for DSpark): the other engine's idle thread still held its OpenMP team
-    (:data:`backends.engine.IDLE_EXIT_S`, then 1 s). Alternating per request put that toll on one pool or the
-    other by the request's parity: the same greedy subtask measured 1.73x with DSpark run first and 1.09x with it
-    second. Each pool's turn starts with one untimed run of the block's first request, so whatever the switch
-    still costs falls on no timed run."""
+    (:data:`backends.engine.IDLE_EXIT_S`, then 1 s; the packed engine now runs on threads of its own).
+    Alternating per request put that toll on one pool or the other by the request's parity: the same greedy subtask
+    measured 1.73x with DSpark run first and 1.09x with it second. Each pool's turn starts with one untimed run of
+    the block's first request, so whatever the switch still costs falls on no timed run."""
     runs: list[Runs | InvalidRequestError] = [{} for _ in requests]
     for name in [first, *(name for name in pools if name != first)]:
         settled = False
@@ -260,7 +261,7 @@ def measure(
     for backend in pools.values():
         backend.complete(warmup)
     loaded = pools["dspark"].loaded
-    machine = machine_key(loaded.device, loaded.precision)
+    machine = loaded_key(loaded)
     typical: dict[str, list[float]] = {name: [] for name in pools}
     records = [
         Measurement(

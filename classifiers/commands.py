@@ -1,10 +1,6 @@
-"""The classifier's console subcommands: ``score`` scores a subtask, ``calibrate`` measures and (re)trains.
+"""``dspark-router calibrate``: measure DSpark against the standard pool per subtask, and (re)train the classifier.
 
-``score`` shows the classifier alone; ``dspark-router route`` (router/commands.py) shows the whole decision,
-rules and threshold included.
-
-Registered in ``router/cli.py`` through :data:`COMMANDS`. scikit-learn is imported inside the handlers, so
-``--help`` and ``generate`` skip it.
+Registered in ``router/cli.py``, which imports this module only when it runs.
 """
 
 from __future__ import annotations
@@ -12,9 +8,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -22,7 +17,7 @@ from rich.console import Console
 
 from backends.corpus.subtasks import read_jsonl
 from backends.default_model import drafters_for
-from backends.dspark.profile import stored_curves
+from backends.dspark.curves import stored_curves
 from backends.errors import InvalidRequestError
 from backends.scheduling import PROFILE_FILE
 from classifiers import DEFAULT_CLASSIFIER, DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
@@ -43,50 +38,7 @@ from classifiers.records import Measurement, read_measurements, write_measuremen
 SAMPLE_SEED = 1
 
 
-def _add_score(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "score", help="score a subtask: P(DSpark beats the standard pool by the margin), and its expected speedup"
-    )
-    given = p.add_mutually_exclusive_group(required=True)
-    given.add_argument("prompt", nargs="?", help="the subtask, sent as one user message")
-    given.add_argument("--request", help="a chat-completions request body: a JSON file, or - for stdin")
-    p.add_argument("--classifier", default=str(DEFAULT_CLASSIFIER), help="classifier file (default: the shipped one)")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.set_defaults(handler=_score)
-
-
-def _read_request(source: str) -> dict:
-    try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8")
-        request = json.loads(text)
-    except (OSError, ValueError) as exc:
-        raise InvalidRequestError(f"cannot read a JSON request from {source!r}: {exc}", param="request") from None
-    if not isinstance(request, dict):
-        raise InvalidRequestError("the request body must be a JSON object", param="request")
-    return request
-
-
-def _score(args: argparse.Namespace) -> int:
-    from classifiers.model import DeterminismClassifier
-
-    request = _read_request(args.request) if args.request else {"messages": [{"role": "user", "content": args.prompt}]}
-    classifier = DeterminismClassifier.load(args.classifier)
-    score = classifier.score(request)
-    speedup = classifier.expected_speedup(request) if classifier.predicts_speedup else None
-    if args.json:
-        print(json.dumps({"score": score, "margin": classifier.margin, "expected_speedup": speedup}))
-        return 0
-    print(f"{score:.4f}  P(DSpark speedup >= {classifier.margin}x)")
-    if speedup is not None:
-        print(f"{speedup:.2f}x   expected solo DSpark speedup")
-    return 0
-
-
-def _add_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "calibrate",
-        help="measure DSpark's speedup per subtask and train the determinism classifier (or retrain from a log)",
-    )
+def add_calibrate(p: argparse.ArgumentParser) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--model", help="DSpark model folder: measure the corpus on it")
     source.add_argument(
@@ -240,6 +192,3 @@ def _calibrate(args: argparse.Namespace) -> int:
     console.print(f"total runtime {summary['elapsed_s']:.1f} s")
     print(json.dumps(summary))
     return 0
-
-
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_score, _add_calibrate]

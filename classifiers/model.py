@@ -14,7 +14,6 @@ skops archive, or a skops archive holding something other than a classifier this
 
 from __future__ import annotations
 
-import math
 import zipfile
 from collections.abc import Iterable
 from pathlib import Path
@@ -25,25 +24,13 @@ import skops.io as sio
 from sklearn.linear_model import LogisticRegression, Ridge
 from sklearn.pipeline import Pipeline
 
-from backends.errors import ModelLoadError
 from backends.scheduling import SpsCurve
-from classifiers import DEFAULT_THRESHOLD
 from classifiers.features import RequestVectorizer
+from classifiers.weights import ClassifierLoadError, ClassifierWeights, file_sha256, weights_path
 
 FORMAT = "dspark-router/determinism-classifier"
 FORMAT_VERSION = 3
 TRUSTED_TYPES = ["classifiers.features.RequestVectorizer"]
-
-
-class ClassifierLoadError(ModelLoadError):
-    """A classifier file that is missing, not a skops archive, holds untrusted types, or holds something else."""
-
-
-def _sigmoid(z: float) -> float:
-    if z >= 0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)
 
 
 class DeterminismClassifier:
@@ -70,53 +57,43 @@ class DeterminismClassifier:
         self.margin = float(margin)
         self.info = dict(info or {})
         self.gain = gain
-        self._vectorizer = vectorizer
-        self._coef = np.ascontiguousarray(model.coef_[0], dtype=np.float64)
-        self._intercept = float(model.intercept_[0])
-        if gain is not None:
-            self._gain_coef = np.ascontiguousarray(gain.coef_, dtype=np.float64)
-            self._gain_intercept = float(gain.intercept_)
+        self.weights = ClassifierWeights(
+            vectorizer=vectorizer,
+            coef=np.ascontiguousarray(model.coef_[0], dtype=np.float64),
+            intercept=float(model.intercept_[0]),
+            margin=self.margin,
+            info=self.info,
+            gain_coef=None if gain is None else np.ascontiguousarray(gain.coef_, dtype=np.float64),
+            gain_intercept=0.0 if gain is None else float(gain.intercept_),
+        )
+        """The one-request paths (:mod:`classifiers.weights`), which the router loads without this archive."""
 
     @property
     def threshold(self) -> float:
-        """The score from which routing to DSpark saves time, chosen when the classifier was trained (see
-        :mod:`classifiers.gain`); files from before it was stored route at the plain 0.5."""
-        return float(self.info.get("route_threshold", DEFAULT_THRESHOLD))
+        return self.weights.threshold
+
+    @property
+    def predicts_speedup(self) -> bool:
+        return self.weights.predicts_speedup
+
+    @property
+    def calibration_curve(self) -> SpsCurve | None:
+        return self.weights.calibration_curve
 
     def score(self, request: dict[str, Any]) -> float:
-        indices, values = self._vectorizer.row(request)
-        return _sigmoid(float(self._coef[indices] @ values) + self._intercept)
+        return self.weights.score(request)
+
+    def expected_speedup(self, request: dict[str, Any]) -> float:
+        return self.weights.expected_speedup(request)
 
     def score_many(self, requests: Iterable[dict[str, Any]]) -> np.ndarray:
         return self.pipeline.predict_proba(list(requests))[:, 1]
 
-    @property
-    def predicts_speedup(self) -> bool:
-        return self.gain is not None
-
-    @property
-    def calibration_curve(self) -> SpsCurve | None:
-        """The target's steps per second by forward length on the machine the speedups were measured on
-        (``calibrate --model`` stores it); None for a classifier retrained from a log, taken as measured here."""
-        profile = self.info.get("calibration_profile")
-        return SpsCurve.from_stored(profile["steps_per_s"]) if isinstance(profile, dict) else None
-
-    def expected_speedup(self, request: dict[str, Any]) -> float:
-        """DSpark's expected solo speedup on the request: exp of the predicted log speedup, by the same lean path
-        as ``score``."""
-        self._gain_model()
-        indices, values = self._vectorizer.row(request)
-        return math.exp(float(self._gain_coef[indices] @ values) + self._gain_intercept)
-
     def expected_speedup_many(self, requests: Iterable[dict[str, Any]]) -> np.ndarray:
-        return np.exp(self._gain_model().predict(self._vectorizer.transform(list(requests))))
+        return np.exp(self._gain_model().predict(self.weights.vectorizer.transform(list(requests))))
 
     def _gain_model(self) -> Ridge:
-        if self.gain is None:
-            raise ClassifierLoadError(
-                "this classifier file has no expected-gain model: retrain it with dspark-router calibrate",
-                param="classifier",
-            )
+        self.weights.require_gain()
         return self.gain
 
     def save(self, path: str | Path) -> Path:
@@ -132,6 +109,7 @@ class DeterminismClassifier:
         }
         # Almost every hashed column is never seen in training, so the coefficients compress ~10x.
         sio.dump(state, path, compression=zipfile.ZIP_DEFLATED)
+        self.weights.save(weights_path(path), file_sha256(path))
         return path
 
     @classmethod

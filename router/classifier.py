@@ -35,11 +35,11 @@ def resolve_scorer(spec: str | None) -> Scorer | None:
         except (FileNotFoundError, ModelLoadError) as exc:
             log.warning("no usable default classifier (%s); routing by rules and default_pool", exc)
             return None
-    model = _import("classifiers.model")
-    if model is None:
+    classifiers = _import("classifiers")
+    if classifiers is None:
         raise ConfigError("policy.classifier", "classifier files need the classifiers package, which is missing")
     try:
-        return model.DeterminismClassifier.load(spec)
+        return classifiers.load_scorer(spec)
     except ModelLoadError as exc:
         raise ConfigError("policy.classifier", exc.message) from exc
 

@@ -1,27 +1,21 @@
-"""The ``dspark-router`` console command: one entry point, a subcommand per job."""
+"""The ``dspark-router`` console command: one entry point, a subcommand per job.
+
+Each subcommand's module loads only when it runs (:mod:`router.subcommands`): ``--help``, ``route`` and ``score``
+start without torch, transformers or the benchmarks.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from collections.abc import Callable
 
-from backends.convert import add_convert
-from backends.default_model import DEFAULT_MODEL, drafters_for
-from backends.errors import DSparkRouterError
-from backends.training.commands import COMMANDS as TRAINING_COMMANDS
-from benchmarks import add_bench_parser
-from classifiers.commands import COMMANDS as CLASSIFIER_COMMANDS
-from router.commands import add_route
-from router.gateway.serve import add_serve
-from router.worker import add_worker
-
-Handler = Callable[[argparse.Namespace], int]
+from router.subcommands import Subcommand, add_subcommands
 
 
-def _add_generate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("generate", help="generate a completion with a local model")
+def add_generate(p: argparse.ArgumentParser) -> None:
+    from backends.default_model import DEFAULT_MODEL
+
     p.add_argument("prompt", help="the prompt text")
     p.add_argument("--model", default=str(DEFAULT_MODEL), help="a Hugging Face model folder (default: the default)")
     p.add_argument(
@@ -82,13 +76,14 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_tune(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tune", help="pick a DSpark model's span thresholds by measured speed (exact mode)")
+def add_tune(p: argparse.ArgumentParser) -> None:
+    from backends.default_model import DEFAULT_MODEL
+
     p.add_argument("--model", default=str(DEFAULT_MODEL), help="the target model folder (default: the default)")
     p.add_argument("--drafter-path", help="the span heads' folder (default: the model's drafters)")
     p.add_argument("--prompts", type=int, default=24, help="validation chat subtasks")
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--threads", type=int, default=0, help="the engine's threads, and torch's (0: their defaults)")
     p.add_argument("--write", action="store_true", help="save the winner in the heads' dspark_config.json")
     p.set_defaults(handler=_tune)
 
@@ -98,12 +93,15 @@ def _tune(args: argparse.Namespace) -> int:
 
     import torch
 
+    from backends.default_model import drafters_for
     from backends.dspark.backend import DSparkBackend
     from backends.dspark.tuning import tune_thresholds, validation_requests
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    backend = DSparkBackend.from_pretrained(args.model, device="cpu", drafter="heads", drafter_path=args.drafter_path)
+    backend = DSparkBackend.from_pretrained(
+        args.model, device="cpu", drafter="heads", drafter_path=args.drafter_path, threads=args.threads or None
+    )
     best, timings = tune_thresholds(backend, validation_requests(args.prompts, args.max_tokens))
     print(json.dumps({"best": best, "timings": timings}, indent=2))
     if args.write:
@@ -113,24 +111,51 @@ def _tune(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [
-    _add_generate,
-    add_convert,
-    *TRAINING_COMMANDS,
-    _add_tune,
-    *CLASSIFIER_COMMANDS,
-    add_bench_parser,
-    add_route,
-    add_serve,
-    add_worker,
-]
+COMMANDS: dict[str, Subcommand] = {
+    "generate": Subcommand("generate a completion with a local model", "router.cli", "add_generate", None),
+    "convert": Subcommand(
+        "convert a GGUF file into a Hugging Face model folder (default: the embedded default model)",
+        "backends.convert",
+        "add_convert",
+        None,
+    ),
+    "train": Subcommand(
+        "train the drafters on a frozen target (data, heads, dspark, measure, export)",
+        "backends.training.commands",
+        "add_train",
+        None,
+    ),
+    "tune": Subcommand(
+        "pick a DSpark model's span thresholds by measured speed (exact mode)", "router.cli", "add_tune", None
+    ),
+    "score": Subcommand(
+        "score a subtask: P(DSpark beats the standard pool by the margin), and its expected speedup",
+        "classifiers.score_command",
+        "add_score",
+        None,
+    ),
+    "calibrate": Subcommand(
+        "measure DSpark's speedup per subtask and train the determinism classifier (or retrain from a log)",
+        "classifiers.commands",
+        "add_calibrate",
+        None,
+    ),
+    "bench": Subcommand("run a benchmark", "benchmarks", "add_bench", None),
+    "route": Subcommand(
+        "show the routing decision for a request (or, with --generate, run it)", "router.commands", "add_route", None
+    ),
+    "serve": Subcommand(
+        "serve the OpenAI-compatible REST gateway (FastAPI on uvicorn)", "router.gateway.serve", "add_serve", None
+    ),
+    "worker": Subcommand(
+        "serve one pool's jobs from Redis (a pool with transport: redis)", "router.worker", "add_worker", None
+    ),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dspark-router", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    for add in COMMANDS:
-        add(sub)
+    parser = argparse.ArgumentParser(prog="dspark-router", description=__doc__.split("\n")[0])
+    add_subcommands(parser, COMMANDS, "command")
     return parser
 
 
@@ -138,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
-    except DSparkRouterError as exc:
+    except Exception as exc:
+        from backends.errors import DSparkRouterError
+
+        if not isinstance(exc, DSparkRouterError):
+            raise
         print(json.dumps(exc.to_openai()), file=sys.stderr)
         return 2

@@ -16,8 +16,7 @@ from backends.errors import InvalidRequestError
 from router.request import parse_body
 
 
-def add_route(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("route", help="show the routing decision for a request (or, with --generate, run it)")
+def add_route(p: argparse.ArgumentParser) -> None:
     p.add_argument("message", nargs="?", help="a user message, appended to --request's messages if both are given")
     p.add_argument(
         "--request",

@@ -140,6 +140,13 @@ class PoolConfig(_Strict):
         default="auto",
         description="auto: the packed engine on a GGUF-converted folder (gguf), else bfloat16 or float32 by the CPU",
     )
+    threads: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="the packed engine's threads for this pool's model (null: the physical cores this process may "
+        "use); pools on one model with the same threads share one copy of it and one set of threads",
+    )
     timeout_s: float = Field(default=120.0, gt=0)
     max_tokens: int | None = Field(
         default=None, ge=1, description="the most tokens one request may ask of this pool; more is refused (400)"

@@ -83,7 +83,7 @@ def _profile(name: str, pool: PoolConfig) -> SpsCurve | None:
     file = Path(setting) if explicit else Path(pool.drafter_path or drafters_for(pool.model)) / PROFILE_FILE
     if not explicit and not file.is_file():
         return None
-    from backends.dspark.profile import closest_curve, stored_curves
+    from backends.dspark.curves import closest_curve, stored_curves
 
     try:
         curves = stored_curves(file)
@@ -100,14 +100,12 @@ def _profile(name: str, pool: PoolConfig) -> SpsCurve | None:
 def _machine_key(pool: PoolConfig) -> str | None:
     """The key this machine's curve is stored under for the pool, as its workers would load the model; None where
     the model is not on this machine (a router in front of workers elsewhere)."""
-    from backends.dspark.profile import machine_key
-    from backends.loading import resolve_device, resolve_precision
+    from backends.dspark.curves import pool_machine_key
 
     model = Path(pool.model)
     if not model.is_dir():
         return None
-    device = resolve_device(pool.device)
-    return machine_key(device, resolve_precision(pool.dtype, device, model))
+    return pool_machine_key(model, pool.device, pool.dtype, pool.threads)
 
 
 @dataclass(frozen=True)

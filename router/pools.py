@@ -147,8 +147,8 @@ class InProcessPool(Pool):
             return self._replicas[index]
 
     def _load(self) -> Backend:
-        """On a thread of its own: a worker or the warming thread lives on, and a torch op left there would
-        slow every batch in the process (:mod:`backends.threads`)."""
+        """On a thread of its own: a worker or the warming thread lives on, and a torch op left there would slow
+        transformers' engine (:mod:`backends.threads`)."""
         try:
             return on_own_thread(self._load_backend)
         except DSparkRouterError:
@@ -217,7 +217,7 @@ def load_backend(config: PoolConfig) -> Backend:
         from backends.autoregressive import AutoregressiveBackend
 
         return AutoregressiveBackend.from_pretrained(
-            config.model, device=config.device, dtype=config.dtype, limits=batch_limits(config)
+            config.model, device=config.device, dtype=config.dtype, limits=batch_limits(config), threads=config.threads
         )
     if config.backend == "dspark":
         from backends.dspark.backend import DSparkBackend
@@ -229,6 +229,7 @@ def load_backend(config: PoolConfig) -> Backend:
             drafter=config.drafter,
             drafter_path=config.drafter_path,
             limits=batch_limits(config),
+            threads=config.threads,
         )
         return backend.with_options(config.decoding)
     from router.litellm_backend import LiteLLMBackend

@@ -249,8 +249,7 @@ class Worker:
             log.warning("worker %s: could not deregister (%s); its heartbeat will age out", self.id, exc)
 
 
-def add_worker(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("worker", help="serve one pool's jobs from Redis (a pool with transport: redis)")
+def add_worker(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="the router YAML the gateways use")
     p.add_argument("--pool", required=True, help="the pool to serve")
     p.add_argument(

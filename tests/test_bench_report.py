@@ -16,7 +16,7 @@ def test_every_suite_step_parses_with_its_benchmarks_own_arguments(tmp_path):
     for step in suite.SUITE:
         assert step.name in BENCHMARKS and step.name != "all"
         parser = argparse.ArgumentParser()
-        BENCHMARKS[step.name].add_arguments(parser)
+        BENCHMARKS[step.name].fill(parser)
         args = parser.parse_args(step.argv(tmp_path))
         assert Path(args.json) == tmp_path / f"{step.name}.json"
         assert step.command().startswith(f"dspark-router bench {step.name} ")

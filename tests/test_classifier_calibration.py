@@ -84,7 +84,7 @@ def test_retraining_from_a_log_keeps_the_curve_of_the_machine_that_measured_it(c
     over; records that name no machine were measured here; without the option there is no curve."""
     import torch
 
-    from backends.dspark.profile import machine_key
+    from backends.dspark.curves import machine_key
     from backends.scheduling import PROFILE_FILE
 
     root, measurements = calibrated
@@ -116,7 +116,7 @@ def test_speedups_from_several_machines_are_carried_to_one_before_training(calib
     without ``--measured-with`` to find the curves the mix is refused by name rather than learnt as it is."""
     import torch
 
-    from backends.dspark.profile import machine_key, stored_curves
+    from backends.dspark.curves import machine_key, stored_curves
     from backends.scheduling import PROFILE_FILE, SpsCurve, scaled_speedup
     from classifiers.calibrate import carried_to
 

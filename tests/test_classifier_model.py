@@ -25,6 +25,7 @@ from classifiers.gain import THRESHOLD_GRID, best_threshold, time_saved
 from classifiers.model import FORMAT, FORMAT_VERSION, ClassifierLoadError, DeterminismClassifier
 from classifiers.records import Measurement
 from classifiers.train import TrainingError, train
+from classifiers.weights import ClassifierWeights, weights_path
 from tests.test_classifier_features import REQUEST_SHAPES
 
 
@@ -126,6 +127,28 @@ def test_save_load_round_trip(classifier, saved, records):
     requests = [record.request for record in records[:20]]
     assert np.array_equal(loaded.score_many(requests), classifier.score_many(requests))
     assert loaded.margin == classifier.margin and loaded.info == classifier.info
+
+
+def test_the_router_scores_with_the_weights_saved_beside_the_archive(classifier, saved, records):
+    """Loading a skops archive imports every scikit-learn estimator first (4-5 s): the router reads the weights
+    saved beside it instead, and gets the Pipeline's numbers; weights of another archive, or unreadable ones, are
+    not trusted, and the archive loads."""
+    requests = [record.request for record in records[:20]] + list(REQUEST_SHAPES.values())
+    lean = classifiers.load_scorer(saved)
+    assert isinstance(lean, ClassifierWeights) and isinstance(lean, Scorer)
+    assert np.allclose(lean.score_many(requests), classifier.score_many(requests), atol=1e-12)
+    assert np.allclose(lean.expected_speedup_many(requests), classifier.expected_speedup_many(requests), rtol=1e-9)
+    assert [lean.score(r) for r in requests] == [classifier.score(r) for r in requests]
+    assert (lean.threshold, lean.margin, lean.info) == (classifier.threshold, classifier.margin, classifier.info)
+    other = train(records, margin=1.3).save(saved.with_name("other.skops"))
+    weights_path(saved).replace(weights_path(other))  # the first archive's weights beside the second
+    assert isinstance(classifiers.load_scorer(other), DeterminismClassifier)
+    weights_path(other).write_bytes(b"not an npz")
+    assert isinstance(classifiers.load_scorer(other), DeterminismClassifier)
+
+
+def test_the_shipped_weights_are_the_shipped_archives():
+    assert isinstance(classifiers.load_default(), ClassifierWeights)
 
 
 def test_the_calibration_machines_curve_is_kept_with_the_classifier(records, tmp_path):

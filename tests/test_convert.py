@@ -18,7 +18,8 @@ from backends.errors import ModelLoadError
 from backends.loading import load_model
 from backends.modelfactory import CHAT_TEMPLATE, build_model
 from backends.packed.linear import PackedLinear
-from backends.packed.model import QUANTIZED_PRECISION, PackedLlama
+from backends.packed.model import PackedLlama
+from backends.precision import QUANTIZED_PRECISION
 
 
 def _llama_cpp_permute(weights: np.ndarray, heads: int) -> np.ndarray:

@@ -13,11 +13,12 @@ from scipy.stats import chisquare
 from backends import AutoregressiveBackend, GenerationRequest, InvalidRequestError
 from backends.dspark import published_decode
 from backends.dspark.backend import DEFAULT_DRAFTER, DEFAULT_LOOKUP, DSparkBackend
+from backends.dspark.curves import machine_key
 from backends.dspark.drafter import SHARED_WEIGHTS, DSparkDrafter
 from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
 from backends.dspark.heads import DSparkConfig, SpanHeads
 from backends.dspark.model import DSparkModel
-from backends.dspark.profile import PROFILE_FILE, load_or_profile, machine_key
+from backends.dspark.profile import PROFILE_FILE, load_or_profile
 from backends.loading import load_model
 from backends.modelfactory import build_model, save_pretrained
 from backends.scheduling import DraftCost, SpsCurve, VerifySchedule, choose_lengths
@@ -385,7 +386,7 @@ def test_export_widens_a_draft_vocabulary_to_the_whole_one(qwen3_path, tmp_path)
 def test_a_machine_without_its_own_curve_takes_the_closest():
     """Another model of the same chip family runs the same precision alike: its curve beats one of another
     precision; a machine like none stored takes the last stored, and an empty file gives none."""
-    from backends.dspark.profile import closest_curve
+    from backends.dspark.curves import closest_curve
 
     xeon, epyc = "cpu:Intel(R) Xeon(R) Processor|torch.bfloat16|threads=2", "cpu:AMD EPYC|torch.float32|threads=2"
     curves = {xeon: {"1": 23.0}, epyc: {"1": 15.0}, "cpu:AMD EPYC|torch.float32|threads=1": {"1": 14.0}}

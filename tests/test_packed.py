@@ -16,7 +16,8 @@ from backends.loading import load_model, load_shared
 from backends.packed.build import kernels, kernels_name
 from backends.packed.kv import PackedKV
 from backends.packed.linear import PackedLinear
-from backends.packed.model import QUANTIZED_PRECISION, PackedLlama
+from backends.packed.model import PackedLlama
+from backends.precision import QUANTIZED_PRECISION
 from backends.training import features as feature_cache
 from backends.training.distill import Distilled
 from backends.training.features import FeatureCache, build_feature_cache

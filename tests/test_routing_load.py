@@ -290,7 +290,7 @@ def test_the_router_takes_this_machines_curve_from_the_drafters_folder(tmp_path,
     """A drafters' folder keeps one curve per machine; the router must weigh load on the machine it runs on (a
     float32 machine's verifying forwards cost far more than a bfloat16 one's), not on whichever was stored last,
     and find the file where the pool's drafters are, not in the target's folder."""
-    from backends.dspark.profile import machine_key
+    from backends.dspark.curves import machine_key
     from backends.loading import resolve_device, resolve_precision
 
     models = {name: copy_model(path, tmp_path / name) for name, path in router_models.items()}
@@ -347,7 +347,7 @@ def test_the_embedded_default_carries_the_shipped_speedups_to_the_machine_it_rou
     the embedded default (``time_saved``), while the threshold objective, whose score no curve carries, decides the
     same on both."""
     from backends.default_model import DEFAULT_DRAFTERS
-    from backends.dspark.profile import stored_curves
+    from backends.dspark.curves import stored_curves
     from backends.scheduling import scaled_speedup
     from classifiers import load_default
     from router.config import load_config

@@ -92,6 +92,7 @@ class DSparkBackend(LocalBackend):
         drafter: Drafter | None = None,
         drafter_path: str | Path | None = None,
         limits: BatchLimits | None = None,
+        threads: int | None = None,
     ) -> DSparkBackend:
         """Span-heads options default to what their dspark_config.json was tuned with. Both drafters come from
         ``drafter_path`` when given, else from :func:`~backends.default_model.drafters_for` the model (its own
@@ -103,8 +104,8 @@ class DSparkBackend(LocalBackend):
 
         Loading runs torch work big enough for OpenMP (the SPS profile, the drafter's round costs): it runs on a
         thread that ends with it, whoever calls, so that no OpenMP team outlives it in the caller's thread and
-        slows the decode engine's steps (:mod:`backends.threads`; a CLI that loaded on its main thread measured
-        a 4-token verification at 2.7x its cost)."""
+        slows transformers' engine where it serves (:mod:`backends.threads`; the packed engine's own threads are out
+        of its reach)."""
         folder = Path(path)
         drafters = Path(drafter_path) if drafter_path is not None else drafters_for(folder)
         if drafter_path is not None and not drafters.is_dir():
@@ -114,7 +115,7 @@ class DSparkBackend(LocalBackend):
         default = drafter or next((d for d in (DEFAULT_DRAFTER, *carried) if carried[d]), None)
 
         def load() -> DSparkBackend:
-            loaded = load_shared(folder, device=device, dtype=dtype)
+            loaded = load_shared(folder, device=device, dtype=dtype, threads=threads)
             if default is None:
                 raise ModelLoadError(
                     f"{str(drafters)!r} holds no DSpark drafter: neither span heads ({HEADS_CONFIG_FILE}) nor a "

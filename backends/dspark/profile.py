@@ -21,14 +21,13 @@ import torch
 
 from backends.batch_kv import BatchedKV
 from backends.default_model import drafters_for
+from backends.dspark.curves import machine_key, stored_curves
 from backends.dspark.drafter import DSparkDrafter, target_features
 from backends.dspark.published_decode import sample_block
 from backends.engine import batch_kv
-from backends.loading import LoadedModel, cpu_name, load_model
-from backends.packed.build import kernels_name
+from backends.loading import LoadedModel, load_model
 from backends.packed.kv import PackedKV
-from backends.packed.model import QUANTIZED_PRECISION
-from backends.scheduling import PROFILE_FILE, SpsCurve, scaled_speedup
+from backends.scheduling import PROFILE_FILE, SpsCurve
 from backends.steps import ForwardOut
 from backends.types import GenerationRequest
 
@@ -37,50 +36,9 @@ ONE_REQUEST = 16
 """The longest forward one request verifies (anchor plus draft), up to which every length is profiled."""
 
 
-def machine_key(device: torch.device, precision: torch.dtype | str) -> str:
-    """What a stored curve is valid for: the device, the precision and this process's torch threads. The router
-    computes it for a pool before any model is loaded, so it takes what ``load_model`` would resolve. The packed
-    engine's precision names the kernels' build too (``gguf-avx512``, ``gguf-avx2``): CPUs that report the same
-    model name (a cloud's "AMD EPYC") may run different builds at different costs."""
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name()
-    if precision == QUANTIZED_PRECISION:
-        precision = f"{precision}-{kernels_name()}"
-    return f"{device.type}:{name}|{precision}|threads={torch.get_num_threads()}"
-
-
-def stored_curves(file: Path) -> dict[str, dict[str, float]]:
-    """Every machine's curve in a ``dspark_sps.json`` (none when there is no file)."""
-    return json.loads(file.read_text()) if file.is_file() else {}
-
-
-def machine_parts(key: str) -> tuple[str, str, str, str]:
-    """(device type, chip name, precision, threads) of a :func:`machine_key`; empty strings where a key written
-    some other way lacks a part."""
-    device_chip, _, rest = key.partition("|")
-    device, _, chip = device_chip.partition(":")
-    precision, _, threads = rest.partition("|")
-    return device, chip, precision, threads
-
-
-def closest_curve(curves: dict[str, dict[str, float]], key: str | None) -> dict[str, float] | None:
-    """The curve stored under ``key``; else one of a machine of the same device type, precision and threads (the
-    same costs but for the chip's name: another model of Xeon runs bfloat16 on AMX alike); else one of the same
-    precision; else the last stored; None where nothing is."""
-    if key in curves:
-        return curves[key]
-    device, _, precision, threads = machine_parts(key or "")
-    parts = {stored: machine_parts(stored) for stored in curves}
-    alike = [k for k, (d, _, p, t) in parts.items() if (d, p, t) == (device, precision, threads)]
-    same_precision = [k for k, (_, _, p, _) in parts.items() if p == precision]
-    chosen = [*alike, *same_precision, *list(curves)[-1:]]
-    return curves[chosen[0]] if chosen else None
-
-
-def carry_factor(curves: dict[str, dict[str, float]], measured_on: str, here: str) -> float:
-    """What a solo speedup measured on machine ``measured_on`` is multiplied by on machine ``here``, from their
-    stored curves: :func:`~backends.scheduling.scaled_speedup` at a batch of one, which is linear in it."""
-    there_curve, here_curve = (SpsCurve.from_stored(curves[machine]).monotone() for machine in (measured_on, here))
-    return scaled_speedup(1.0, there_curve, here_curve)
+def loaded_key(loaded: LoadedModel) -> str:
+    """:func:`~backends.dspark.curves.machine_key` of a loaded model, as it runs."""
+    return machine_key(loaded.device, loaded.precision, loaded.threads)
 
 
 def profiled_lengths(max_tokens: int) -> list[int]:
@@ -212,7 +170,7 @@ def profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurv
     folder = Path(folder)
     curve = measure_sps(loaded, max_tokens)
     stored = stored_curves(folder / PROFILE_FILE)
-    stored[machine_key(loaded.device, loaded.precision)] = {str(k): v for k, v in curve.steps_per_s.items()}
+    stored[loaded_key(loaded)] = {str(k): v for k, v in curve.steps_per_s.items()}
     with contextlib.suppress(OSError):
         (folder / PROFILE_FILE).write_text(json.dumps(stored, indent=2) + "\n")
     return curve
@@ -220,7 +178,7 @@ def profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurv
 
 def load_or_profile(folder: str | Path, loaded: LoadedModel, max_tokens: int) -> SpsCurve:
     """The stored curve for this machine when it covers ``max_tokens``, else a fresh measurement."""
-    stored = stored_curves(Path(folder) / PROFILE_FILE).get(machine_key(loaded.device, loaded.precision))
+    stored = stored_curves(Path(folder) / PROFILE_FILE).get(loaded_key(loaded))
     if stored and max(map(int, stored)) >= max_tokens:
         return SpsCurve.from_stored(stored)
     return profile(folder, loaded, max_tokens)
@@ -238,11 +196,7 @@ def main() -> None:
     args = parser.parse_args()
     loaded = load_model(args.model, device=args.device, dtype=args.dtype)
     curve = profile(args.into or drafters_for(args.model), loaded, args.max_tokens)
-    print(
-        json.dumps(
-            {"machine": machine_key(loaded.device, loaded.precision), "steps_per_s": curve.steps_per_s}, indent=2
-        )
-    )
+    print(json.dumps({"machine": loaded_key(loaded), "steps_per_s": curve.steps_per_s}, indent=2))
 
 
 if __name__ == "__main__":

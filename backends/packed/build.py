@@ -21,9 +21,9 @@ from backends.errors import ModelLoadError
 
 SOURCE = Path(__file__).with_name("kernels.cpp")
 FLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-std=c++17"]
-"""No fp contraction: every fused multiply-add is written out, so both instruction sets round alike. OpenMP, because
-``at::parallel_for`` runs serially in code compiled without it; the library it links is the libgomp torch has
-already loaded (same soname), so the kernels share torch's threads."""
+"""No fp contraction: every fused multiply-add is written out, so both instruction sets round alike. The kernels run on
+threads of their own (``compute_pool.h``); OpenMP only for ``serial_torch_on_this_thread``, which sets the calling
+thread's OpenMP thread count in the libgomp torch has already loaded (same soname)."""
 _BUILD_LOCK = threading.Lock()
 
 

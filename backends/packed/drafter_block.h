@@ -39,9 +39,9 @@ class PackedDrafter {
     // cos, sin: [positions, dim / 2].
     PackedDrafter(int64_t hidden, int64_t heads, int64_t kv_heads, int64_t head_dim, int64_t ffn,
                   int64_t context_width, double eps, std::vector<at::Tensor> matrices, std::vector<at::Tensor> norms,
-                  at::Tensor cos, at::Tensor sin)
+                  at::Tensor cos, at::Tensor sin, std::shared_ptr<ComputePool> pool)
         : hidden_(hidden), heads_(heads), kv_heads_(kv_heads), dim_(head_dim), ffn_(ffn), eps_(eps), cos_(cos),
-          sin_(sin), norms_(norms), kernels_(pick_kernels()) {
+          sin_(sin), norms_(norms), kernels_(pick_kernels()), pool_(checked_pool(pool)) {
         TORCH_CHECK((matrices.size() - 1) % 5 == 0 && norms.size() == 2 + 4 * (matrices.size() - 1) / 5,
                     "5 matrices and 4 norms a layer");
         TORCH_CHECK(head_dim % 16 == 0 && hidden % QK == 0 && ffn % QK == 0 && heads % kv_heads == 0,
@@ -71,6 +71,7 @@ class PackedDrafter {
         const int64_t kv_width = 2 * kv_heads_ * dim_, cap = keys.size(2);
         std::vector<float> context(T * hidden_), normed(T * hidden_), kv(T * kv_width);
         pybind11::gil_scoped_release no_gil;
+        ComputePool::Session session(*pool_);
         QuantizedRows scratch;
         multiply(kernels_, fc, features.data_ptr<float>(), T, context.data(), scratch);
         kernels_.rms_norm(context.data(), T, hidden_, norms_[0].data_ptr<float>(), eps_, normed.data());
@@ -100,6 +101,7 @@ class PackedDrafter {
         std::vector<float> h(L * hidden_), q(L * q_width), kv(L * kv_width), att(L * q_width), proj(L * hidden_);
         std::vector<float> gate_up(L * 2 * ffn_), act(L * ffn_);
         pybind11::gil_scoped_release no_gil;
+        ComputePool::Session session(*pool_);
         QuantizedRows scratch;
         float* xp = residual.data_ptr<float>();
         for (int64_t l = 0; l < layers_; ++l) {
@@ -158,7 +160,7 @@ class PackedDrafter {
         const float scale = 1.0f / std::sqrt(static_cast<float>(dim_));
         const float* key_base = keys.data_ptr<float>();
         const float* value_base = values.data_ptr<float>();
-        at::parallel_for(0, heads_ * L, 1, [&](int64_t begin, int64_t end) {
+        parallel_for(0, heads_ * L, 1, [&](int64_t begin, int64_t end) {
             std::vector<float> scores(n);
             for (int64_t item = begin; item < end; ++item) {
                 const int64_t head = item / L, t = item % L, g = head / group;
@@ -199,4 +201,5 @@ class PackedDrafter {
     std::vector<Matrix> matrices_;
     std::vector<at::Tensor> norms_;
     Kernels kernels_;
+    std::shared_ptr<ComputePool> pool_;
 };

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from backends.packed.build import kernels
+from backends.packed.pool import compute_pool
 from backends.packed.weights import KERNEL_TYPES, BlockTensor, tiled
 
 QUANTIZED = gguf.GGMLQuantizationType.Q8_0
@@ -46,15 +47,17 @@ class PackedLinear(nn.Module):
         the Markov head's ``greedy_chain``), else None: rows of the engine's LM head."""
 
     @classmethod
-    def of_blocks(cls, matrix: BlockTensor) -> PackedLinear:
-        """A matrix in a GGUF block format the kernels read."""
-        packed = kernels().PackedMatrix(tiled(matrix), KERNEL_TYPES[matrix.ggml_type], *matrix.shape)
+    def of_blocks(cls, matrix: BlockTensor, pool: Any = None) -> PackedLinear:
+        """A matrix in a GGUF block format the kernels read, multiplied on ``pool`` (None: the default one; a
+        drafter's layers run on the pool of the target they serve beside)."""
+        pool = pool or compute_pool()
+        packed = kernels().PackedMatrix(tiled(matrix), KERNEL_TYPES[matrix.ggml_type], *matrix.shape, pool)
         return cls(packed.matmul, *matrix.shape, matrix=packed)
 
     @classmethod
-    def quantized(cls, linear: nn.Linear) -> PackedLinear:
+    def quantized(cls, linear: nn.Linear, pool: Any = None) -> PackedLinear:
         """``linear``'s weight rounded to Q8_0 blocks (as llama.cpp's quantiser rounds them)."""
-        packed = cls.of_blocks(q8_blocks(linear.weight))
+        packed = cls.of_blocks(q8_blocks(linear.weight), pool)
         packed.bias = None if linear.bias is None else linear.bias.detach()
         return packed
 

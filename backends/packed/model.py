@@ -19,10 +19,9 @@ from transformers import AutoConfig
 from backends.errors import ModelLoadError
 from backends.packed.build import kernels
 from backends.packed.linear import PackedLinear
-from backends.packed.weights import KERNEL_TYPES, PACKED_FILE, BlockTensor, read_packed, tiled
+from backends.packed.pool import compute_pool
+from backends.packed.weights import KERNEL_TYPES, BlockTensor, read_packed, tiled
 
-QUANTIZED_PRECISION = "gguf"
-"""How a machine key and a benchmark name what the packed engine serves (the GGUF's own blocks)."""
 KEY_CHUNK = 16
 """Positions a key cache stores side by side (kernels.cpp's attention scores one vector of them at once)."""
 CACHE_DTYPE = torch.float16
@@ -46,12 +45,8 @@ class PackedShape:
     max_positions: int
 
 
-def has_packed(folder: Path) -> bool:
-    return (folder / PACKED_FILE).is_file()
-
-
 class PackedLlama:
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, threads: int | None = None) -> None:
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         if config.model_type != "llama":
             raise ModelLoadError(f"the packed engine runs Llama-family models, not {config.model_type}", param="model")
@@ -88,6 +83,8 @@ class PackedLlama:
         """Bytes a forward reads from the weight matrices (the LM head and every layer; the embedding gives one row
         a token): the weight-read floor's numerator."""
         cos, sin = rope_tables(self.shape)
+        self.pool = compute_pool(threads)
+        """The threads every forward runs on (:mod:`backends.packed.pool`), and the drafters' calls beside it."""
         s = self.shape
         self.engine = kernels().PackedModel(
             s.hidden,
@@ -102,6 +99,7 @@ class PackedLlama:
             [n.float().contiguous() for n in norms],
             cos,
             sin,
+            self.pool,
         )
 
     def head_rows(self, ids: torch.Tensor | None) -> PackedLinear:
@@ -111,7 +109,7 @@ class PackedLlama:
         if ids is None:
             return PackedLinear(lambda x: self.engine.matmul(1, x), *head.shape)
         data = head.data.reshape(head.shape[0], -1)[ids.cpu()].contiguous()
-        return PackedLinear.of_blocks(BlockTensor(data, head.ggml_type, (len(ids), head.shape[1])))
+        return PackedLinear.of_blocks(BlockTensor(data, head.ggml_type, (len(ids), head.shape[1])), self.pool)
 
     def new_cache(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One sequence's keys and values in fp16, room for ``capacity`` positions (rounded up to a multiple of 16):

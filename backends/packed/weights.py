@@ -21,7 +21,8 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-PACKED_FILE = "gguf_blocks.safetensors"
+from backends.precision import PACKED_FILE
+
 TILE_ROWS = 16
 """Weight rows a tile interleaves: one lane of a 16-lane vector each (kernels.cpp)."""
 KERNEL_TYPES = {

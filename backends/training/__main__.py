@@ -6,15 +6,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from backends.training.commands import COMMANDS
+from backends.training.commands import add_train
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m backends.training")
-    commands = parser.add_subparsers(dest="command", required=True)
-    for add in COMMANDS:
-        add(commands)
-    args = parser.parse_args(["train", *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="python -m backends.training", description=__doc__)
+    add_train(parser)
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     return args.handler(args)
 
 

@@ -8,7 +8,7 @@
     train ship   --target T --run RUN --into DIR      RUN's answers so far, for another machine's --corpus DIR
 
 Each stage keeps what it made in RUN (or in its output's ``checkpoint/``) and continues from there when run
-again. Registered in ``router/cli.py`` through :data:`COMMANDS`; torch is imported inside the handlers.
+again. Registered in ``router/cli.py`` (imported only when ``train`` runs); torch is imported inside the handlers.
 """
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from backends.corpus.recipe import CorpusRecipe
 VOCAB_FILE = "vocab.json"
 
 
-def _add_train(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help="train the drafters on a frozen target (data, heads, dspark, measure, export)")
+def add_train(p: argparse.ArgumentParser) -> None:
     stages = p.add_subparsers(dest="stage", required=True)
 
     data = stages.add_parser("data", help="the target's answers to the corpus recipe, and their cached features")
@@ -404,6 +403,3 @@ def _export(args: argparse.Namespace) -> int:
     load_drafter(loaded, Path(args.drafter)).export(Path(args.output))
     print(args.output)
     return 0
-
-
-COMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_train]

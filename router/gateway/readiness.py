@@ -6,7 +6,8 @@ which takes seconds. Warm-up runs off the event loop; until it has finished, com
 
 It runs on the loop's default executor, whose threads live as long as the server, and not on a thread of its own
 that ends when loading is done: a thread that ran torch ops and then exits leaves its OpenMP helper threads
-spinning, and on two cores that made every later decoding step about 40 times slower.
+spinning, and on two cores that made every later step of transformers' engine (which runs on torch's OpenMP
+threads; the packed engine runs on its own) about 40 times slower.
 """
 
 from __future__ import annotations

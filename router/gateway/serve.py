@@ -15,8 +15,7 @@ log = logging.getLogger("uvicorn.error")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
-def add_serve(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("serve", help="serve the OpenAI-compatible REST gateway (FastAPI on uvicorn)")
+def add_serve(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="router YAML (default: the embedded two-pool config on the default model)")
     p.add_argument("--host", help="address to listen on (default: the config's gateway.host, 127.0.0.1)")
     p.add_argument("--port", type=int, help="port to listen on (default: the config's gateway.port, 8000)")
