@@ -23,6 +23,7 @@ from pydantic import (
 
 from backends.errors import InvalidRequestError
 from backends.scheduling import Lookup
+from backends.traffic_settings import TrafficOptions
 
 MAX_TOKENS_LIMIT = 32_768
 TOOL_CHOICE_FORMS = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
@@ -114,6 +115,9 @@ class DSparkOptions(BaseModel):
         description="dspark drafter: blocks copied from the context (n-gram lookup) beside the drafter's, "
         "whichever has been accepted more in this request, or only those",
     )
+    traffic: TrafficOptions | None = Field(
+        default=None, description="dspark drafter: drafting from the pool's earlier answers (default: the pool's)"
+    )
 
     @field_validator("thresholds")
     @classmethod
@@ -141,6 +145,9 @@ class GenerationRequest(BaseModel):
     tool_choice: str | dict[str, Any] | None = None
     stream: bool = False
     dspark: DSparkOptions | None = None
+    cache_scope: str | None = None
+    """Whose earlier answers this request may draft from, and whose its own answer joins: set by the router from
+    the authenticated caller and the tenant (never a request body's field), None for the pool's default scope."""
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -299,6 +306,8 @@ class SpanStats(BaseModel):
     steps: int = 0
     copied_rounds: int = 0
     """Rounds that verified a block copied from the context (n-gram lookup) instead of a drafted one."""
+    traffic_rounds: int = 0
+    """Rounds that verified a block drafted from the pool's earlier answers (:mod:`backends.dspark.traffic`)."""
 
     @property
     def fallback_rate(self) -> float:

@@ -60,6 +60,11 @@ BENCHMARKS: dict[str, Subcommand] = {
         "the REST gateway's added latency, time to first token and /v1/route throughput, against in-process calls",
         "benchmarks.gateway",
     ),
+    "trace": Subcommand(
+        "an agent's trace job by job through the gateway: the DSpark pool, drafting from its earlier answers, "
+        "against the standard pool by position within a job",
+        "benchmarks.trace",
+    ),
     "all": Subcommand(
         "every benchmark above with the published arguments, then BENCHMARKS.md from their JSON (make bench)",
         "benchmarks.suite",

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from itertools import zip_longest
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ from backends.dspark.backend import DSparkBackend
 from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.profile import measure_round
-from backends.loading import prompt_ids
+from backends.loading import LoadedModel, prompt_ids
 from backends.precision import cpu_name
 from backends.progress import JobProgress
 from backends.training.drafter import REPORT_FILE as TRAIN_REPORT_FILE
@@ -74,6 +75,34 @@ class Run:
     spans: SpanStats | None = None
     committed: int | None = None
     forwards: int | None = None
+
+
+def hf_generate(loaded: LoadedModel, prompt: list[int], request: GenerationRequest, **options: Any) -> Run:
+    """transformers' ``generate`` from ``prompt`` ids (``options``: its fast paths, such as prompt lookup), every
+    forward of the model counted."""
+    ids = torch.tensor([prompt])
+    sampling = {"do_sample": True, "temperature": request.temperature} if not request.greedy else {"do_sample": False}
+    if not request.greedy:
+        torch.manual_seed(request.seed or 0)
+    forwards = []
+    counter = loaded.model.register_forward_pre_hook(lambda *_: forwards.append(1))
+    started = time.perf_counter()
+    try:
+        out = loaded.model.generate(
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=request.max_tokens,
+            eos_token_id=sorted(loaded.eos_ids),
+            pad_token_id=loaded.tokenizer.pad_token_id,
+            **sampling,
+            **options,
+        )
+    finally:
+        counter.remove()
+    seconds = time.perf_counter() - started
+    tokens = out[0, ids.shape[1] :].tolist()
+    kept = [t for t in tokens if t not in loaded.eos_ids]
+    return Run(tokens=kept, seconds=seconds, committed=len(tokens), forwards=len(forwards))
 
 
 @dataclass
@@ -201,32 +230,7 @@ class Contenders:
     def _hf(self, request: GenerationRequest, **options) -> Run:
         """transformers' ``generate`` on the float32 reference, in this thread (its OpenMP team does not reach the
         packed engine's threads)."""
-        loaded = self.dspark.loaded
-        ids = torch.tensor([prompt_ids(loaded, request)])
-        sampling = (
-            {"do_sample": True, "temperature": request.temperature} if not request.greedy else {"do_sample": False}
-        )
-        if not request.greedy:
-            torch.manual_seed(request.seed or 0)
-        forwards = []
-        counter = loaded.model.register_forward_pre_hook(lambda *_: forwards.append(1))
-        started = time.perf_counter()
-        try:
-            out = loaded.model.generate(
-                input_ids=ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=request.max_tokens,
-                eos_token_id=sorted(loaded.eos_ids),
-                pad_token_id=loaded.tokenizer.pad_token_id,
-                **sampling,
-                **options,
-            )
-        finally:
-            counter.remove()
-        seconds = time.perf_counter() - started
-        tokens = out[0, ids.shape[1] :].tolist()
-        kept = [t for t in tokens if t not in loaded.eos_ids]
-        return Run(tokens=kept, seconds=seconds, committed=len(tokens), forwards=len(forwards))
+        return hf_generate(self.dspark.loaded, prompt_ids(self.dspark.loaded, request), request, **options)
 
     def probe(self, drafter: str, request: GenerationRequest, reference: list[int]) -> decode_probe.ProbeRows:
         """The teacher-forced probe of ``drafter`` on the prompt of ``request`` and its greedy reference."""

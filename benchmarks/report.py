@@ -710,6 +710,56 @@ def published(data: dict | None, results: Path, base: Path) -> str:
     return "\n\n".join(parts)
 
 
+def trace(data: dict, results: Path, base: Path) -> str:
+    """The agent trace by job, early and late in a job, beside transformers' prompt lookup; the cache's costs."""
+    s, warm, targets = data["summary"], data["warm"], data["targets"]
+    lookup = data.get("prompt_lookup_tokens_per_forward", {})
+    rows = [
+        [
+            name,
+            job["early"]["tokens_per_forward"],
+            job["early"]["speedup"],
+            job["late"]["tokens_per_forward"],
+            job["late"]["dspark_tokens_per_s"],
+            job["late"]["standard_tokens_per_s"],
+            job["late"]["speedup"],
+            lookup.get(name),
+        ]
+        for name, job in s["jobs"].items()
+    ]
+    cache = data["cache"]
+    return "\n\n".join(
+        [
+            f"{data['cpu']}. {data['requests_per_job']} greedy requests of each job, through the gateway, the DSpark "
+            f"pool (drafting from its earlier answers) and the standard pool interleaved; a job's first {warm} "
+            f"requests apart from the rest. Tokens a forward count every completion token (those a grammar forced "
+            f"too) over the target's forwards. Prompt lookup: transformers' (10 tokens a round) on the float32 "
+            f"reference, on each job's first late requests, tokens a forward only.",
+            table(
+                [
+                    "job",
+                    f"first {warm}: tok/fwd",
+                    "speedup",
+                    "later: tok/fwd",
+                    "DSpark tok/s",
+                    "standard tok/s",
+                    "speedup",
+                    "prompt lookup tok/fwd",
+                ],
+                rows,
+            ),
+            f"Over jobs, from request {warm + 1} on: **{s['late_tokens_per_forward']:.2f} tokens a forward, "
+            f"{s['late_speedup']:.2f}x the standard pool** (targets {targets['late_tokens_per_forward']} and "
+            f"{targets['late_speedup']}x; at least {targets['job_tokens_per_forward']} and {targets['job_speedup']}x "
+            f"on every job); the first {warm} of every job {'never' if s['early_never_slower'] else 'sometimes'} "
+            f"slower than the standard pool; greedy mismatches: {s['greedy_mismatches']}. The cache after the trace: "
+            f"{cache['answers']} answers, {cache['tokens']:,} tokens, {cache['memory_mb']:.2f} MB; inserting a token "
+            f"{cache['insert_us_per_token']:.1f} us, a draft {cache['speculate_us']:.0f} us (Python).",
+            _image(results, "trace.png", base, "the agent trace by position within a job"),
+        ]
+    )
+
+
 Section = tuple[str, str, Callable[[dict, Path, Path], str]]
 SECTIONS: tuple[Section, ...] = (
     ("engine", "The engine's forward", engine),
@@ -723,6 +773,7 @@ SECTIONS: tuple[Section, ...] = (
     ("fleet", "A simulated fleet", fleet),
     ("pools", "Redis worker pools", pools),
     ("gateway", "The REST gateway", gateway),
+    ("trace", "An agent's trace: drafting from the traffic", trace),
 )
 
 

@@ -65,6 +65,7 @@ SUITE: tuple[Step, ...] = (
         "pools", ("--requests", "8", "--rounds", "2", "--json", "{results}/pools.json", "--plot", "{results}/pools.png")
     ),
     Step("gateway", ("--requests", "60", "--json", "{results}/gateway.json")),
+    Step("trace", ("--json", "{results}/trace.json", "--plot", "{results}/trace.png")),
 )
 
 

@@ -18,6 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from backends.default_model import DEFAULT_MODEL, DEFAULT_NAME, REPO_ROOT, drafters_for
+from backends.traffic_settings import TrafficSettings
 from backends.types import DSparkOptions
 from router.errors import ConfigError
 from router.gateway.settings import GatewayConfig
@@ -164,6 +165,11 @@ class PoolConfig(_Strict):
         description="dspark pools: the folder the drafters come from, when not the model's own: span heads and a "
         "dspark_drafter/ folder, or a published DSpark drafter folder itself (deepseek-ai/dspark_qwen3_8b_block7)",
     )
+    traffic: TrafficSettings | None = Field(
+        default=None,
+        description="dspark pools: drafting from the pool's earlier answers (null: on, with the defaults); "
+        "a request's dspark.traffic may override the drafting options",
+    )
     transport: Literal["inprocess", "redis"] = Field(
         default="inprocess", description="inprocess: workers are threads here; redis: `dspark-router worker` processes"
     )
@@ -179,7 +185,7 @@ class PoolConfig(_Strict):
             raise ValueError(f"{info.field_name} applies to litellm pools only")
         return value
 
-    @field_validator("decoding", "drafter_path")
+    @field_validator("decoding", "drafter_path", "traffic")
     @classmethod
     def _dspark_only(cls, value: Any, info: ValidationInfo) -> Any:
         if value is not None and info.data.get("backend", "dspark") != "dspark":

@@ -230,6 +230,7 @@ def load_backend(config: PoolConfig) -> Backend:
             drafter_path=config.drafter_path,
             limits=batch_limits(config),
             threads=config.threads,
+            traffic=config.traffic,
         )
         return backend.with_options(config.decoding)
     from router.litellm_backend import LiteLLMBackend

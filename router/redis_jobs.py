@@ -56,6 +56,11 @@ class PoolKeys:
     def load(self) -> str:
         return f"{self.prefix}:{self.pool}:load"
 
+    @property
+    def traffic(self) -> str:
+        """The answers the pool's workers wrote, which each one's traffic cache takes in (router/traffic_share.py)."""
+        return f"{self.prefix}:{self.pool}:traffic"
+
     def reply(self, job_id: str) -> str:
         return f"{self.prefix}:reply:{job_id}"
 

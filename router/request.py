@@ -68,6 +68,17 @@ class RoutedRequest:
     hint: str | None = None
     tags: frozenset[str] = frozenset()
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    principal: str | None = None
+    """Who sent it as authenticated (the gateway's API key); None in-process and where the gateway has no keys."""
+
+    @property
+    def cache_scope(self) -> str | None:
+        """Whose earlier answers the request drafts from (:mod:`backends.dspark.traffic`): the tenant, within the
+        principal where there is one, so a client may narrow its scope by naming a tenant but never reach another
+        principal's (the pair is encoded whole: no tenant name can spell another key's scope)."""
+        if self.principal is None:
+            return self.tenant
+        return json.dumps([self.principal, self.tenant])
 
     @property
     def last_user_text(self) -> str:
@@ -88,6 +99,8 @@ class RoutedRequest:
     def for_pool(self, name: str, pool: PoolConfig) -> GenerationRequest:
         """The request as pool ``name`` decodes it: its defaults fill what is still unset, within its token cap."""
         update = {key: value for key, value in pool.defaults.values().items() if key in self.unset}
+        if self.cache_scope is not None:
+            update["cache_scope"] = self.cache_scope
         cap = pool.max_tokens
         if cap is not None:
             if "max_tokens" in self.unset:

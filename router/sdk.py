@@ -122,20 +122,25 @@ class Router:
 
     @overload
     def complete(
-        self, *, stream: Literal[False] = False, request_id: str | None = None, **args: Any
+        self,
+        *,
+        stream: Literal[False] = False,
+        request_id: str | None = None,
+        principal: str | None = None,
+        **args: Any,
     ) -> RoutedResult: ...
 
     @overload
     def complete(
-        self, *, stream: Literal[True], request_id: str | None = None, **args: Any
+        self, *, stream: Literal[True], request_id: str | None = None, principal: str | None = None, **args: Any
     ) -> Iterator[RoutedChunk]: ...
 
     def complete(
-        self, *, stream: bool = False, request_id: str | None = None, **args: Any
+        self, *, stream: bool = False, request_id: str | None = None, principal: str | None = None, **args: Any
     ) -> RoutedResult | Iterator[RoutedChunk]:
         if stream:
-            return self.stream(request_id=request_id, **args)
-        flight = self._start(args, request_id=request_id)
+            return self.stream(request_id=request_id, principal=principal, **args)
+        flight = self._start(args, request_id=request_id, principal=principal)
         try:
             return wait_result(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}")
         finally:
@@ -143,20 +148,25 @@ class Router:
 
     @overload
     async def acomplete(
-        self, *, stream: Literal[False] = False, request_id: str | None = None, **args: Any
+        self,
+        *,
+        stream: Literal[False] = False,
+        request_id: str | None = None,
+        principal: str | None = None,
+        **args: Any,
     ) -> RoutedResult: ...
 
     @overload
     async def acomplete(
-        self, *, stream: Literal[True], request_id: str | None = None, **args: Any
+        self, *, stream: Literal[True], request_id: str | None = None, principal: str | None = None, **args: Any
     ) -> AsyncIterator[RoutedChunk]: ...
 
     async def acomplete(
-        self, *, stream: bool = False, request_id: str | None = None, **args: Any
+        self, *, stream: bool = False, request_id: str | None = None, principal: str | None = None, **args: Any
     ) -> RoutedResult | AsyncIterator[RoutedChunk]:
         if stream:
-            return self.astream(request_id=request_id, **args)
-        flight = self._start(args, request_id=request_id)
+            return self.astream(request_id=request_id, principal=principal, **args)
+        flight = self._start(args, request_id=request_id, principal=principal)
         outcome = asyncio.wrap_future(flight.outcome)
         try:
             return await asyncio.wait_for(asyncio.shield(outcome), flight.budget_s)
@@ -166,11 +176,16 @@ class Router:
             flight.cancel()  # timed out, or the awaiting task was cancelled (its client went away)
             outcome.add_done_callback(_abandoned)
 
-    def stream(self, *, request_id: str | None = None, **args: Any) -> Iterator[RoutedChunk]:
+    def stream(
+        self, *, request_id: str | None = None, principal: str | None = None, **args: Any
+    ) -> Iterator[RoutedChunk]:
         """Chunks with their decision; the last carries the whole result. Leaving the loop early stops decoding."""
         feed: Feed[tuple[str, Decision]] = Feed()
         flight = self._start(
-            {**args, "stream": True}, lambda delta, decision: feed.put((delta, decision)), request_id=request_id
+            {**args, "stream": True},
+            lambda delta, decision: feed.put((delta, decision)),
+            request_id=request_id,
+            principal=principal,
         )
         try:
             for delta, decision in feed.drain(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}"):
@@ -179,10 +194,15 @@ class Router:
         finally:
             flight.cancel()
 
-    async def astream(self, *, request_id: str | None = None, **args: Any) -> AsyncIterator[RoutedChunk]:
+    async def astream(
+        self, *, request_id: str | None = None, principal: str | None = None, **args: Any
+    ) -> AsyncIterator[RoutedChunk]:
         feed: AsyncFeed[tuple[str, Decision]] = AsyncFeed()
         flight = self._start(
-            {**args, "stream": True}, lambda delta, decision: feed.put((delta, decision)), request_id=request_id
+            {**args, "stream": True},
+            lambda delta, decision: feed.put((delta, decision)),
+            request_id=request_id,
+            principal=principal,
         )
         try:
             async for delta, decision in feed.drain(flight.outcome, flight.budget_s, f"pool {flight.decision.pool!r}"):
@@ -249,13 +269,21 @@ class Router:
     def __exit__(self, *_: object) -> None:
         self.close()
 
-    def _start(self, args: dict[str, Any], on_delta: OnDelta | None = None, *, request_id: str | None = None) -> Flight:
-        """Parse, decide and admit; a failure here (bad request, no place, full queues) is raised to the caller."""
+    def _start(
+        self,
+        args: dict[str, Any],
+        on_delta: OnDelta | None = None,
+        *,
+        request_id: str | None = None,
+        principal: str | None = None,
+    ) -> Flight:
+        """Parse, decide and admit; a failure here (bad request, no place, full queues) is raised to the caller.
+        ``principal``: who the caller is as authenticated (the gateway's API key), never a request's own field: a
+        pool's traffic cache is kept per principal and the tenant it names within."""
         pool = "none"
         try:
             routed = parse_openai_args(args, self._pool_names, self._defaults)
-            if request_id is not None:
-                routed = dataclasses.replace(routed, request_id=request_id)
+            routed = dataclasses.replace(routed, request_id=request_id or routed.request_id, principal=principal)
             decision = self.policy.decide(routed)
             pool = decision.pool
             self.metrics.decided(decision)

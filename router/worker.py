@@ -35,11 +35,13 @@ from concurrent.futures import Future
 
 import redis
 
+from backends.dspark.traffic import TrafficCaches
 from backends.types import GenerationResult, StreamChunk
 from router.config import PoolConfig, load_config
 from router.errors import ConfigError, JobDeadLetteredError, PoolTimeoutError, ReplayDivergedError, StreamClosed
 from router.pools import InProcessPool
 from router.redis_jobs import GROUP, Job, PoolKeys, WorkerLoad, error_payload
+from router.traffic_share import TrafficShare
 
 log = logging.getLogger(__name__)
 READ_BLOCK_MS = 500
@@ -107,6 +109,7 @@ class Worker:
     def serve(self) -> int:
         """Run until :meth:`drain` (SIGTERM); then finish the running jobs and leave. Returns the exit code."""
         self.local.warmup()
+        shares = self._share_traffic()
         self._ensure_group()
         log.info("worker %s serving pool %r, concurrency %d", self.id, self.pool, self.concurrency)
         beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
@@ -127,10 +130,24 @@ class Worker:
                 time.sleep(RETRY_S)
         while self.running:
             time.sleep(0.05)
+        for share in shares:
+            share.stop()
         self._deregister()
         self.local.close()
         log.info("worker %s drained", self.id)
         return 0
+
+    def _share_traffic(self) -> list[TrafficShare]:
+        """One traffic cache with the pool's other workers (:mod:`router.traffic_share`), where the backend keeps
+        one: warmed from what they wrote, before the first job is taken."""
+        shares = []
+        for backend in self.local.replicas:
+            caches = getattr(backend, "traffic", None)
+            if isinstance(caches, TrafficCaches) and caches.settings.enabled:
+                share = TrafficShare(self.client, self.keys.traffic, self.id, caches, READ_BLOCK_MS, RETRY_S)
+                share.start()
+                shares.append(share)
+        return shares
 
     def drain(self, *_: object) -> None:
         self._draining.set()

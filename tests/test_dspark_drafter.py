@@ -19,9 +19,11 @@ from backends.dspark.drafter_config import DRAFTER_DIR, WEIGHTS_FILE
 from backends.dspark.heads import DSparkConfig, SpanHeads
 from backends.dspark.model import DSparkModel
 from backends.dspark.profile import PROFILE_FILE, load_or_profile
+from backends.dspark.traffic import TrafficCaches
 from backends.loading import load_model
 from backends.modelfactory import build_model, save_pretrained
 from backends.scheduling import DraftCost, SpsCurve, VerifySchedule, choose_lengths
+from backends.traffic_settings import TrafficSettings
 from router.config import PoolConfig
 from router.pools import load_backend
 from tests.conftest import ARCHITECTURES
@@ -97,7 +99,10 @@ def pair(request, tiny_model_paths, qwen3_path):
     path = qwen3_path if request.param.startswith("qwen3") else tiny_model_paths[request.param]
     ar = AutoregressiveBackend.from_pretrained(path)
     drafter = perturbed_drafter(ar.loaded, draft_vocab=draft_subset(ar.loaded) if "vocab" in request.param else None)
-    return ar, DSparkBackend(None, drafter=drafter, default="dspark", loaded=ar.loaded)
+    # The drafter's and the copies' own rounds, without the traffic cache's: a random model's looping answers are
+    # all cached after the first prompts, which would take the rounds these tests count (test_traffic has its own).
+    off = TrafficCaches(TrafficSettings(enabled=False))
+    return ar, DSparkBackend(None, drafter=drafter, default="dspark", loaded=ar.loaded, traffic=off)
 
 
 SCHEDULES = {

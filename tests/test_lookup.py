@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from backends.dspark.lookup import LONGEST_MATCH, Copy, CopyAcceptance, MeasuredAcceptance, NgramLookup
-from backends.dspark.published_decode import RecentSurvival, prefers_copy
+from backends.dspark.published_decode import LookedUp, RecentSurvival, chosen
 from backends.scheduling import SpsCurve, VerifySchedule
 
 
@@ -90,6 +90,10 @@ def test_measured_acceptance_follows_outcomes_from_its_prior():
     assert all(c > 0.95 for c in survival.confidence(prior))
 
 
+def prefers_copy(schedule: VerifySchedule, copy: list[float], draft: list[float]) -> bool:
+    return chosen(schedule, [LookedUp([1] * len(copy), copy, 3, "copy")], draft) is not None
+
+
 def test_the_hybrid_copies_only_where_copies_have_earned_more_than_drafts():
     """``lookup: beside`` verifies a copied block only when the copies' measured acceptance, over the verifying
     forward, beats the drafter's measured acceptance over the forward plus its own pass."""
@@ -107,6 +111,17 @@ def test_the_hybrid_copies_only_where_copies_have_earned_more_than_drafts():
     same = [0.8] * 6
     assert prefers_copy(flat, same, same)
     assert not prefers_copy(VerifySchedule(sps=flat.sps, draft_s=0.002), [0.2] * 6, same)
+
+
+def test_of_two_looked_up_blocks_the_one_expected_to_commit_more_is_verified():
+    """A traffic draft whose earlier answers agreed beside a copy that keeps failing: the round takes the draft;
+    under ``lookup: only`` a block is taken whatever drafting would do."""
+    flat = VerifySchedule(sps=SpsCurve({n: 100.0 for n in range(1, 16)}), draft_s=0.002)
+    copy = LookedUp([1, 2], [0.2, 0.2], 2, "copy")
+    traffic = LookedUp([3, 4, 5, 6], [0.95] * 4, 12, "traffic")
+    assert chosen(flat, [copy, traffic], [0.5] * 6) is traffic
+    assert chosen(flat, [copy], [0.9] * 6) is None
+    assert chosen(VerifySchedule(sps=flat.sps, lookup="only"), [copy], [0.9] * 6) is copy
 
 
 def test_the_drafters_prior_is_its_own_conditional_confidence():

@@ -25,6 +25,7 @@ from backends.dspark.lookup import CopyAcceptance
 from backends.dspark.model import DSparkModel
 from backends.dspark.profile import load_or_profile, measure_round
 from backends.dspark.selection import SpanPolicy
+from backends.dspark.traffic import TrafficCaches
 from backends.engine import BatchLimits
 from backends.errors import InvalidRequestError, ModelLoadError
 from backends.loading import LoadedModel, load_shared
@@ -32,6 +33,7 @@ from backends.local import LocalBackend
 from backends.scheduling import DraftCost, Lookup, VerifySchedule
 from backends.steps import DecodeLoop
 from backends.threads import on_own_thread
+from backends.traffic_settings import TrafficSettings
 from backends.types import DSparkOptions, GenerationRequest, GenerationStats
 
 Drafter = Literal["heads", "dspark"]
@@ -63,6 +65,8 @@ class DSparkBackend(LocalBackend):
         limits: BatchLimits | None = None,
         draft_cost: DraftCost | None = None,
         copies: CopyAcceptance | None = None,
+        traffic: TrafficCaches | None = None,
+        traffic_acceptance: CopyAcceptance | None = None,
     ) -> None:
         if (model if default == "heads" else drafter) is None:
             raise ModelLoadError(f"a DSpark backend with drafter {default!r} needs that drafter", param="model")
@@ -74,6 +78,10 @@ class DSparkBackend(LocalBackend):
         """The published drafter's pass as measured in this pool's loops, shared by every request."""
         self.copies = copies or CopyAcceptance()
         """What this pool's copied blocks earned by the length of their match, shared by every request."""
+        self.traffic = traffic or TrafficCaches(TrafficSettings())
+        """This pool's earlier answers, one cache per scope (:mod:`backends.dspark.traffic`)."""
+        self.traffic_acceptance = traffic_acceptance or CopyAcceptance()
+        """What this pool's traffic drafts earned by the length of their match, shared by every request."""
         self.default: Drafter = default
         self.policy = policy
         if model is not None and policy is None:
@@ -93,6 +101,7 @@ class DSparkBackend(LocalBackend):
         drafter_path: str | Path | None = None,
         limits: BatchLimits | None = None,
         threads: int | None = None,
+        traffic: TrafficSettings | None = None,
     ) -> DSparkBackend:
         """Span-heads options default to what their dspark_config.json was tuned with. Both drafters come from
         ``drafter_path`` when given, else from :func:`~backends.default_model.drafters_for` the model (its own
@@ -147,7 +156,14 @@ class DSparkBackend(LocalBackend):
                     verification=verification,
                 )
             return cls(
-                model, policy, drafter=published, schedule=schedule, default=default, loaded=loaded, limits=limits
+                model,
+                policy,
+                drafter=published,
+                schedule=schedule,
+                default=default,
+                loaded=loaded,
+                limits=limits,
+                traffic=TrafficCaches(traffic or TrafficSettings()),
             )
 
         return on_own_thread(load)
@@ -175,6 +191,8 @@ class DSparkBackend(LocalBackend):
             limits=self.engine.limits,
             draft_cost=self.draft_cost,
             copies=self.copies,
+            traffic=self.traffic,
+            traffic_acceptance=self.traffic_acceptance,
         )
 
     def _require(self, drafter: Drafter) -> None:
@@ -207,9 +225,23 @@ class DSparkBackend(LocalBackend):
                 constraint,
                 self.draft_cost,
                 self.copies,
+                self._traffic(request),
             )
         policy = SpanPolicy.resolve(self.policy, request.dspark, self.model.dspark_config.num_heads)
         return decode(self.model, prompt, request, policy, generator, stats, constraint)
+
+    def _traffic(self, request: GenerationRequest) -> published_decode.Traffic | None:
+        """The request's scope's cache with its options (the pool's, with what the request overrides); None where
+        the pool keeps no traffic, and for a sampled request: what it drafts would then depend on what other
+        requests wrote before it, and so would the draws its seed gives (and a Redis worker's replay of it, on
+        another worker's cache), where greedy output is the same whatever is drafted. Its answer is left out of
+        the cache too, which holds what greedy requests wrote."""
+        pool = self.traffic.settings
+        if not pool.enabled or not request.greedy:
+            return None
+        asked = request.dspark.traffic if request.dspark is not None else None
+        options = pool.model_copy(update=asked.model_dump(exclude_unset=True)) if asked is not None else pool
+        return published_decode.Traffic(self.traffic, request.cache_scope, self.traffic_acceptance, options)
 
 
 def resolve_schedule(schedule: VerifySchedule, options: DSparkOptions | None) -> VerifySchedule:

@@ -34,6 +34,7 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass, replace
 from itertools import pairwise
+from typing import Literal
 
 import torch
 
@@ -41,12 +42,17 @@ from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.lookup import CopyAcceptance, MeasuredAcceptance, NgramLookup
+from backends.dspark.traffic import MAX_DRAFT, TrafficCache, TrafficCaches
 from backends.dspark.verify import RoundStats, masked_by_grammar, verify
 from backends.loading import LoadedModel
 from backends.sampling import pick_token, sample, token_probs
 from backends.scheduling import DraftCost, VerifySchedule, prefix_survival
 from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, Rewind, Schedule, Step
+from backends.traffic_settings import TrafficOptions
 from backends.types import GenerationRequest, GenerationStats
+
+Source = Literal["drafter", "copy", "traffic"]
+"""Where a round's block came from: the drafter, the request's context, or the pool's earlier answers."""
 
 
 @dataclass
@@ -161,18 +167,14 @@ def sample_block(
     return tokens, rows
 
 
-def prefers_copy(schedule: VerifySchedule, copy_confidence: list[float], draft_confidence: list[float]) -> bool:
-    """Whether this round should verify the copied block rather than draft: each one's expected tokens per second
-    from its measured conditional acceptance by position (:class:`~backends.dspark.lookup.MeasuredAcceptance`), the
-    copy over the verifying forward, the draft over the forward plus the drafter's pass. Both estimates predate
-    this round's drafts."""
-    copy_expected = 1.0 + sum(prefix_survival(copy_confidence))
-    draft_expected = 1.0 + sum(prefix_survival(draft_confidence))
+def expected_rate(schedule: VerifySchedule, confidence: list[float], drafting_s: float = 0.0) -> float:
+    """A block's expected tokens per second from its conditional acceptance by position: the anchor and the
+    expected prefix it keeps, over the verifying forward plus ``drafting_s`` of drafting (the drafter's pass; a copy
+    or a traffic draft is looked up). Without a cost curve, tokens per round."""
+    expected = 1.0 + sum(prefix_survival(confidence))
     if schedule.sps is None:
-        return copy_expected >= draft_expected
-    copy_rate = copy_expected * schedule.sps.at(1 + len(copy_confidence))
-    draft_rate = draft_expected / (1.0 / schedule.sps.at(1 + len(draft_confidence)) + schedule.draft_s)
-    return copy_rate >= draft_rate
+        return expected
+    return expected / (1.0 / schedule.sps.at(1 + len(confidence)) + drafting_s)
 
 
 def one_hot(tokens: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
@@ -193,11 +195,9 @@ class Proposal:
     """The distribution of the drafted token the grammar refused right after ``tokens`` (see
     :func:`~backends.dspark.verify.verify_sampled`)."""
     match: int | None = None
-    """A copied block's match length (:class:`~backends.dspark.lookup.Copy`); None for the drafter's."""
-
-    @property
-    def copied(self) -> bool:
-        return self.match is not None
+    """A looked-up block's match length (:class:`~backends.dspark.lookup.Copy`, a traffic draft); None for the
+    drafter's."""
+    source: Source = "drafter"
 
 
 def cut(tokens: list[int], length: int, probs: torch.Tensor | None, constraint: GrammarConstraint | None) -> Proposal:
@@ -209,18 +209,38 @@ def cut(tokens: list[int], length: int, probs: torch.Tensor | None, constraint: 
     return Proposal(kept, None if probs is None else probs[: len(kept)], refused)
 
 
+@dataclass
+class Traffic:
+    """Drafting from a pool's earlier answers (:mod:`backends.dspark.traffic`): the pool's caches and the request's
+    scope among them, what traffic drafts earned in the pool by the length of their match, and the request's options
+    (``enabled`` off: its answer still joins the cache, and it drafts from nothing there)."""
+
+    caches: TrafficCaches
+    scope: str | None
+    acceptance: CopyAcceptance
+    options: TrafficOptions
+
+    @property
+    def cache(self) -> TrafficCache:
+        return self.caches.for_scope(self.scope)
+
+
 class Drafting:
     """One request's drafting state across rounds: the drafter's context cache and the target features it has not
-    taken in yet, its recent prefix survival and the acceptance its blocks earned, and the copies the context
-    offers with what copies earned in the pool."""
+    taken in yet, its recent prefix survival and the acceptance its blocks earned, the copies the context offers
+    with what copies earned in the pool, and the pool's traffic."""
 
-    def __init__(self, drafter: DSparkDrafter, prompt: list[int], copies: CopyAcceptance) -> None:
+    def __init__(
+        self, drafter: DSparkDrafter, prompt: list[int], copies: CopyAcceptance, traffic: Traffic | None = None
+    ) -> None:
         self.drafter = drafter
         self.context = drafter.new_context()
         self.pending: list[torch.Tensor] = []
         self.survival = RecentSurvival()
         self.lookup = NgramLookup(prompt)
         self.copies, self.drafts = copies, MeasuredAcceptance()
+        self.traffic = traffic
+        self.prompt_length = len(prompt)
 
     def draft_confidence(self, limit: int) -> list[float]:
         """A draft of ``limit``'s expected conditional acceptance by position: the drafter's measured acceptance
@@ -232,29 +252,76 @@ class Drafting:
         return self.context.length + sum(features.shape[0] for features in self.pending)
 
 
+def chosen(schedule: VerifySchedule, blocks: list[LookedUp], drafting: list[float]) -> LookedUp | None:
+    """The looked-up block expected to commit the most tokens per second, where it beats drafting (whose
+    ``drafting`` acceptance is weighed over the forward plus the drafter's pass); under ``lookup: only`` the best
+    block whatever drafting would do; None: draft."""
+    best = max(blocks, key=lambda block: expected_rate(schedule, block.confidence), default=None)
+    if best is None or schedule.lookup == "only":
+        return best
+    beats = expected_rate(schedule, best.confidence) >= expected_rate(schedule, drafting, schedule.draft_s)
+    return best if beats else None
+
+
+@dataclass(frozen=True)
+class LookedUp:
+    """A block a round may verify without the drafter's pass: copied from the request's context, or drafted from the
+    pool's earlier answers; with its expected conditional acceptance by position, learnt in the pool by the length
+    of the match behind it."""
+
+    tokens: list[int]
+    confidence: list[float]
+    match: int
+    source: Source
+
+
+def looked_up(
+    state: Drafting, schedule: VerifySchedule, anchor: int, limit: int, traffic_limit: int, greedy: bool
+) -> list[LookedUp]:
+    """The blocks this round could copy: from the context (``lookup`` on) and from the traffic (where the pool has
+    it on), each up to its own limit."""
+    blocks = []
+    copy = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else None
+    if copy:
+        confidence = state.copies.confidence(copy.match, len(copy.tokens), greedy)
+        blocks.append(LookedUp(copy.tokens, confidence, copy.match, "copy"))
+    traffic = state.traffic
+    if traffic is not None and traffic.options.enabled:
+        context = [*state.lookup.tokens[-traffic.options.depth :], anchor]
+        found = traffic.cache.speculate(context, traffic_limit, traffic.options)
+        if found:
+            confidence = found.confidence(traffic.acceptance.confidence(found.match, len(found.tokens), greedy))
+            blocks.append(LookedUp(found.tokens, confidence, found.match, "traffic"))
+    return blocks
+
+
 def propose(
     state: Drafting,
     schedule: VerifySchedule,
     anchor: int,
     limit: int,
+    traffic_limit: int,
     request: GenerationRequest,
     generator: torch.Generator | None,
     constraint: GrammarConstraint | None,
     vocab_size: int,
     cost: DraftCost,
 ) -> Generator[Step, int, Proposal]:
-    """A block copied from the context or drafted, whichever is expected to commit more tokens per second; its
-    length asked of the engine (``Budget`` before drafting, ``Schedule`` after). A drafter pass is weighed at what
-    passes have measured in the loop (``cost``), and this one's time joins them."""
+    """Whichever block is expected to commit the most tokens per second (:func:`expected_rate`): one looked up (a
+    copy from the context, a draft from the traffic) or the drafter's; its length asked of the engine (``Budget``
+    before drafting, ``Schedule`` after). A drafter pass is weighed at what passes have measured in the loop
+    (``cost``), and this one's time joins them. Every estimate predates this round's blocks, so a request no copy
+    and no earlier answer can help drafts as it did without them."""
     schedule = replace(schedule, draft_s=cost.seconds)
-    copy = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else None
-    confidence = state.copies.confidence(copy.match, len(copy.tokens), request.greedy) if copy else []
+    blocks = looked_up(state, schedule, anchor, limit, traffic_limit, request.greedy)
     drafting = state.draft_confidence(limit)
-    if copy and (schedule.lookup == "only" or prefers_copy(schedule, confidence, drafting)):
-        budget = yield Budget(replace(schedule, draft_s=0.0), len(copy.tokens), tuple(prefix_survival(confidence)))
-        length = (yield Schedule(schedule, confidence, budget)) if budget else 0
-        probs = None if request.greedy else one_hot(copy.tokens, vocab_size, torch.device("cpu"))
-        return replace(cut(copy.tokens, length, probs, constraint), match=copy.match)
+    best = chosen(schedule, blocks, drafting)
+    if best:
+        expected = tuple(prefix_survival(best.confidence))
+        budget = yield Budget(replace(schedule, draft_s=0.0), len(best.tokens), expected)
+        length = (yield Schedule(schedule, best.confidence, budget)) if budget else 0
+        probs = None if request.greedy else one_hot(best.tokens, vocab_size, torch.device("cpu"))
+        return replace(cut(best.tokens, length, probs, constraint), match=best.match, source=best.source)
     if schedule.lookup == "only":
         return Proposal([])
     # None expected (optimistic) on a probe, so a request whose drafts stopped paying is tried again
@@ -284,14 +351,16 @@ def decode(
     constraint: GrammarConstraint | None = None,
     cost: DraftCost | None = None,
     copies: CopyAcceptance | None = None,
+    traffic: Traffic | None = None,
 ) -> DecodeLoop:
     """Yield the tokens each target pass commits; the engine closes the loop when output ends. ``cost``: the
     pool's measured drafter pass, and ``copies``: what the pool's copied blocks earned, both of which this
-    request's rounds update (by default this request's own, starting from ``schedule.draft_s`` and the prior)."""
+    request's rounds update (by default this request's own, starting from ``schedule.draft_s`` and the prior);
+    ``traffic``: the pool's earlier answers to draft from, which this request's answer joins when it ends."""
     cost = cost or DraftCost(schedule.draft_s)
     layer_ids = drafter.config.target_layer_ids
     rounds = RoundStats(stats, drafter.block_size)
-    state = Drafting(drafter, prompt, copies or CopyAcceptance())
+    state = Drafting(drafter, prompt, copies or CopyAcceptance(), traffic)
     step = target_pass((yield Forward(prompt, hidden_states=True)), layer_ids)
     stats.forward_passes += 1
     state.pending.append(step.features)
@@ -315,10 +384,11 @@ def decode(
                 anchor = pick_token(logits, request, generator)
             if constraint is not None:
                 constraint.consume([anchor])
-            context_room = drafter.block_size if loaded.max_context is None else loaded.max_context - state.committed
-            limit = max(0, min(schedule.limit(drafter.block_size), context_room - 1, request.max_tokens - produced - 1))
+            context_room = MAX_DRAFT + 1 if loaded.max_context is None else loaded.max_context - state.committed
+            room = max(0, min(context_room - 1, request.max_tokens - produced - 1))
+            limit, traffic_limit = min(schedule.limit(drafter.block_size), room), min(schedule.limit(MAX_DRAFT), room)
             proposal = yield from propose(
-                state, schedule, anchor, limit, request, generator, constraint, logits.shape[-1], cost
+                state, schedule, anchor, limit, traffic_limit, request, generator, constraint, logits.shape[-1], cost
             )
             tokens = proposal.tokens
             step = target_pass((yield Forward([anchor, *tokens], hidden_states=True)), layer_ids)
@@ -328,11 +398,13 @@ def decode(
             accepted, next_token = verify(
                 tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused
             )
-            rounds.verified(len(tokens), accepted, proposal.copied)
-            if proposal.copied and schedule.verification == "exact":  # unverified, nothing was measured
-                state.copies.add(proposal.match, request.greedy, len(tokens), accepted)
-            elif tokens:
-                state.drafts.add(len(tokens), accepted, state.survival.conditional(len(tokens)))
+            rounds.verified(len(tokens), accepted, proposal.source == "copy", proposal.source == "traffic")
+            if proposal.source == "drafter":
+                if tokens:
+                    state.drafts.add(len(tokens), accepted, state.survival.conditional(len(tokens)))
+            elif schedule.verification == "exact":  # unverified, nothing was measured
+                learnt = state.copies if proposal.source == "copy" else state.traffic.acceptance
+                learnt.add(proposal.match, request.greedy, len(tokens), accepted)
             state.lookup.extend([anchor, *tokens[:accepted]])
             if len(tokens) > accepted:
                 yield Rewind(len(tokens) - accepted)
@@ -344,3 +416,5 @@ def decode(
             yield [anchor, *tokens[:accepted]]
     finally:
         rounds.close()
+        if traffic is not None:
+            traffic.caches.record(traffic.scope, state.lookup.tokens[state.prompt_length :])

@@ -104,16 +104,18 @@ class RoundStats:
         )
         self._verified_at = [0] * width
 
-    def verified(self, drafted: int, accepted: int, copied: bool = False) -> None:
-        """One round: ``drafted`` tokens verified after the anchor, ``accepted`` of them kept."""
+    def verified(self, drafted: int, accepted: int, copied: bool = False, traffic: bool = False) -> None:
+        """One round: ``drafted`` tokens verified after the anchor, ``accepted`` of them kept (by position up to the
+        drafter's width; a traffic draft may run longer)."""
         spans = self.spans
-        for offset in range(drafted):
+        for offset in range(min(drafted, len(self._verified_at))):
             self._verified_at[offset] += 1
             spans.accepted_by_offset[offset] += offset < accepted
             spans.reached_by_offset[offset] += offset <= accepted
         spans.steps += 1
         spans.fallback_steps += drafted == 0
         spans.copied_rounds += copied
+        spans.traffic_rounds += traffic
         spans.proposed_span_hist[1 + drafted] = spans.proposed_span_hist.get(1 + drafted, 0) + 1
         spans.accepted_span_hist[1 + accepted] = spans.accepted_span_hist.get(1 + accepted, 0) + 1
 

@@ -107,10 +107,11 @@ class Gateway:
         self.metrics = GatewayMetrics(lambda: self.limit.running, lambda: self.limit.waiting)
         self.started = int(time.time())
 
-    async def body(self, request: Request) -> dict[str, Any]:
-        """Key and rate, then the body: an unknown caller learns nothing about the server, not even its limits."""
-        self.keys.admit(request)
-        return parse_body(await read_body(request, self.settings.max_body_bytes))
+    async def body(self, request: Request) -> tuple[str | None, dict[str, Any]]:
+        """Key and rate, then the body: an unknown caller learns nothing about the server, not even its limits. With
+        the body, the caller's principal (its key's, where keys are configured), which no body field can name."""
+        key = self.keys.admit(request)
+        return (key.principal if key else None), parse_body(await read_body(request, self.settings.max_body_bytes))
 
     def check_ready(self) -> None:
         problem = self.readiness.problem()
@@ -119,24 +120,26 @@ class Gateway:
 
     async def complete(self, request: Request, endpoint: shapes.Endpoint) -> Response:
         rid = request_id(request)
-        body = await self.body(request)
+        principal, body = await self.body(request)
         self.check_ready()
         stream = _wire_args(body, endpoint)
         try:
             if stream:
-                return await self._stream(request, rid, body, endpoint)
-            result = await unless_disconnected(request.receive, self._whole(rid, body))
+                return await self._stream(request, rid, principal, body, endpoint)
+            result = await unless_disconnected(request.receive, self._whole(rid, principal, body))
         except ClientGone:
             self.metrics.disconnects.inc()
             return Response(status_code=int(CLIENT_CLOSED))
         return _json(endpoint.whole(result, int(time.time())), decision_headers(result.decision, rid))
 
-    async def _whole(self, rid: str, body: dict[str, Any]) -> RoutedResult:
+    async def _whole(self, rid: str, principal: str | None, body: dict[str, Any]) -> RoutedResult:
         async with self.limit.slot():
-            return await self.router.acomplete(request_id=rid, **body)
+            return await self.router.acomplete(request_id=rid, principal=principal, **body)
 
-    async def _stream(self, request: Request, rid: str, body: dict[str, Any], endpoint: shapes.Endpoint) -> Response:
-        chunks = self.router.astream(request_id=rid, **body)
+    async def _stream(
+        self, request: Request, rid: str, principal: str | None, body: dict[str, Any], endpoint: shapes.Endpoint
+    ) -> Response:
+        chunks = self.router.astream(request_id=rid, principal=principal, **body)
         try:
             first: RoutedChunk = await unless_disconnected(request.receive, self._first(chunks))
         except BaseException:
@@ -156,7 +159,7 @@ class Gateway:
 
     async def route(self, request: Request) -> Response:
         rid = request_id(request)
-        decision = self.router.route(**await self.body(request))
+        decision = self.router.route(**(await self.body(request))[1])
         return _json(decision, decision_headers(decision, rid))
 
     def models(self, request: Request) -> ModelList:

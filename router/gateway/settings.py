@@ -6,6 +6,7 @@ web framework. Every limit has a default that is safe on loopback; API keys are 
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 
@@ -28,6 +29,12 @@ class ApiKey(BaseModel):
     @property
     def label(self) -> str:
         return self.name or "unnamed"
+
+    @property
+    def principal(self) -> str:
+        """Who presents this key, for what is kept per caller (a pool's traffic caches): a digest of the key itself,
+        unique to it whatever it is named, and telling nothing of it."""
+        return "key:" + hashlib.sha256(self.key.get_secret_value().encode()).hexdigest()[:32]
 
 
 class GatewayConfig(BaseModel):

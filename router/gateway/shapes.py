@@ -39,6 +39,9 @@ class DSparkUsage(BaseModel):
     mean_accepted_tokens: float | None = Field(description="tokens committed per forward pass (1.0 for plain decoding)")
     forward_passes: int
     forced_tokens: int = Field(description="tokens the grammar forced, appended without a forward pass")
+    traffic_rounds: int = Field(
+        default=0, description="rounds that verified a draft from the pool's earlier answers (this caller's scope)"
+    )
 
 
 class Usage(BaseModel):
@@ -63,6 +66,7 @@ def usage(result: RoutedResult) -> Usage:
             mean_accepted_tokens=result.measured.mean_accepted_tokens,
             forward_passes=result.stats.forward_passes,
             forced_tokens=result.stats.forced_tokens,
+            traffic_rounds=result.stats.spans.traffic_rounds if result.stats.spans else 0,
         ),
     )
 

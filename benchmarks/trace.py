@@ -1,0 +1,274 @@
+"""``dspark-router bench trace``: an agent's trace replayed job by job through the real gateway, the DSpark pool
+against the standard pool, by position within a job.
+
+A job is one template sent many times with different contents (:mod:`benchmarks.trace_jobs`); the DSpark pool
+drafts from its own earlier answers (:mod:`backends.dspark.traffic`), so what it gains should grow with a request's
+position in its job, while the first requests of a job, which the cache cannot help, should never be slower than
+the standard pool. Each request goes to both pools over loopback HTTP (the gateway on uvicorn in a thread of this
+process, one keep-alive connection), DSpark and standard interleaved, the order alternating; both are greedy, so
+their answers must be the same token for token.
+
+Reported per job and over jobs, for the first :data:`WARM` requests of a job and from the next on: tokens a forward
+and tokens per second of both pools, and their ratio. Beside them, transformers' prompt lookup (10 tokens a round,
+on the float32 reference) on the late requests' prompts, tokens a forward only (its time is transformers'). And the
+cache itself: the answers and tokens it holds, its memory, and what inserting a token and drafting once cost,
+timed on the trace's own answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.output import write_json
+from benchmarks.trace_jobs import JOBS, requests
+
+WARM = 8
+"""Requests of a job before the targets count: the cache is learning the template."""
+TARGETS = {"late_tokens_per_forward": 3.5, "late_speedup": 2.0, "job_tokens_per_forward": 2.5, "job_speedup": 1.5}
+POOLS = ("dspark", "standard")
+
+
+def _post(connection: http.client.HTTPConnection, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+    started = time.perf_counter()
+    connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    response = connection.getresponse()
+    answer = json.loads(response.read())
+    if response.status != 200:
+        raise RuntimeError(f"the gateway answered {response.status}: {answer}")
+    return answer, time.perf_counter() - started
+
+
+def _run(answer: dict[str, Any], seconds: float) -> dict[str, Any]:
+    usage = answer["usage"]
+    message = answer["choices"][0]["message"]
+    calls = [call["function"] for call in message.get("tool_calls") or []]  # each call's id is drawn at random
+    text = message.get("content") or json.dumps(calls)
+    forwards = (usage.get("dspark") or {}).get("forward_passes") or usage["completion_tokens"]
+    return {"tokens": usage["completion_tokens"], "forwards": forwards, "seconds": seconds, "text": text}
+
+
+def replay(config: str | None, jobs: list[str], count: int, progress: Any) -> dict[str, dict[str, list]]:
+    """Every job's requests through the gateway, both pools each: {job: {pool: [run, ...]}}."""
+    from benchmarks.gateway import serving
+    from router.gateway.app import create_app
+    from router.gateway.settings import GatewayConfig
+    from router.sdk import Router
+
+    runs: dict[str, dict[str, list]] = {job: {pool: [] for pool in POOLS} for job in jobs}
+    task = progress.add_job("bench trace", total=len(jobs) * count)
+    with Router.from_config(config) as router:
+        router.warmup()
+        app = create_app(router, GatewayConfig(api_keys_env=None), warmup=False)
+        with serving(app) as port:
+            connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            for job in (j for j in JOBS if j.name in jobs):
+                for i, body in enumerate(requests(job, count)):
+                    order = POOLS if i % 2 == 0 else POOLS[::-1]
+                    for pool in order:
+                        answer, seconds = _post(connection, {**body, "model": f"dspark-router/{pool}"})
+                        runs[job.name][pool].append(_run(answer, seconds))
+                    progress.step(task, status=f"{job.name} {i + 1}")
+    return runs
+
+
+def prompt_lookup(jobs: list[str], count: int, per_job: int) -> dict[str, float]:
+    """transformers' prompt lookup on the float32 reference: tokens a forward on each job's first ``per_job``
+    requests after :data:`WARM`, greedy (every forward of ``generate`` counted)."""
+    from backends.default_model import DEFAULT_MODEL
+    from backends.loading import load_model, prompt_ids
+    from backends.types import GenerationRequest
+    from benchmarks.decode import hf_generate
+
+    loaded = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
+    result = {}
+    for job in (j for j in JOBS if j.name in jobs):
+        late = requests(job, count)[WARM : WARM + per_job]
+        committed = forwards = 0
+        for body in late:
+            request = GenerationRequest(**body)
+            run = hf_generate(loaded, prompt_ids(loaded, request), request, prompt_lookup_num_tokens=10)
+            committed, forwards = committed + run.committed, forwards + run.forwards
+        result[job.name] = committed / forwards if forwards else 0.0
+    return result
+
+
+def cache_costs(runs: dict[str, dict[str, list]]) -> dict[str, float]:
+    """The trace's DSpark answers inserted into a fresh cache, and a draft asked after every token of each: the
+    microseconds a token's insertion and a draft cost, and the memory the cache holds."""
+    from backends.default_model import DEFAULT_MODEL
+    from backends.dspark.traffic import TrafficCache
+    from backends.loading import load_model
+    from backends.traffic_settings import TrafficSettings
+
+    tokenizer = load_model(DEFAULT_MODEL, device="cpu", dtype="float32").tokenizer
+    answers = [tokenizer.encode(run["text"]) for job in runs.values() for run in job["dspark"]]
+    cache = TrafficCache(TrafficSettings())
+    started = time.perf_counter()
+    for answer in answers:
+        cache.insert(answer)
+    inserted = time.perf_counter() - started
+    asked, started = 0, time.perf_counter()
+    for answer in answers:
+        for end in range(3, len(answer)):
+            cache.speculate(answer[:end], 15)
+            asked += 1
+    drafting = time.perf_counter() - started
+    tokens = sum(map(len, answers))
+    return {
+        "answers": cache.answers,
+        "tokens": cache.cached_tokens,
+        "memory_mb": cache.memory_bytes / 1e6,
+        "insert_us_per_token": 1e6 * inserted / max(tokens, 1),
+        "speculate_us": 1e6 * drafting / max(asked, 1),
+    }
+
+
+def summarise(runs: dict[str, dict[str, list]]) -> dict[str, Any]:
+    """Per job and over jobs: tokens a forward and tokens per second of each pool, early and late in a job."""
+
+    def part(job_runs: dict[str, list], positions: slice) -> dict[str, float]:
+        d, s = job_runs["dspark"][positions], job_runs["standard"][positions]
+        if not d:
+            return {}
+        rate = lambda rs: sum(r["tokens"] for r in rs) / sum(r["seconds"] for r in rs)  # noqa: E731
+        return {
+            "tokens_per_forward": sum(r["tokens"] for r in d) / sum(r["forwards"] for r in d),
+            "dspark_tokens_per_s": rate(d),
+            "standard_tokens_per_s": rate(s),
+            "speedup": rate(d) / rate(s),
+        }
+
+    jobs = {
+        name: {"early": part(job, slice(0, WARM)), "late": part(job, slice(WARM, None))} for name, job in runs.items()
+    }
+    mismatched = sum(d["text"] != s["text"] for job in runs.values() for d, s in zip(job["dspark"], job["standard"]))
+    late = [j["late"] for j in jobs.values() if j["late"]]
+    by_position = [
+        {
+            "tokens_per_forward": statistics.mean(
+                job["dspark"][i]["tokens"] / job["dspark"][i]["forwards"] for job in runs.values()
+            ),
+            "speedup": statistics.mean(
+                job["standard"][i]["seconds"]
+                / job["standard"][i]["tokens"]
+                * job["dspark"][i]["tokens"]
+                / job["dspark"][i]["seconds"]
+                for job in runs.values()
+            ),
+        }
+        for i in range(min(len(job["dspark"]) for job in runs.values()))
+    ]
+    return {
+        "jobs": jobs,
+        "by_position": by_position,
+        "late_tokens_per_forward": statistics.mean(j["tokens_per_forward"] for j in late) if late else None,
+        "late_speedup": statistics.mean(j["speedup"] for j in late) if late else None,
+        "early_never_slower": all(j["early"]["speedup"] >= 1.0 for j in jobs.values()),
+        "greedy_mismatches": mismatched,
+    }
+
+
+def show(report: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"Agent trace through the gateway: from request {WARM + 1} of a job on (first {WARM})")
+    for column in ("job", "tok/fwd", "DSpark tok/s", "standard", "speedup", "first 8", "prompt lookup"):
+        table.add_column(column, justify="left" if column == "job" else "right")
+    lookup = report.get("prompt_lookup_tokens_per_forward", {})
+    for name, job in report["summary"]["jobs"].items():
+        late, early = job["late"], job["early"]
+        table.add_row(
+            name,
+            f"{late['tokens_per_forward']:.2f}",
+            f"{late['dspark_tokens_per_s']:.0f}",
+            f"{late['standard_tokens_per_s']:.0f}",
+            f"{late['speedup']:.2f}x",
+            f"{early['speedup']:.2f}x",
+            f"{lookup[name]:.2f}" if name in lookup else "-",
+        )
+    console = Console(width=80)
+    console.print(table)
+    s = report["summary"]
+    console.print(
+        f"over jobs: {s['late_tokens_per_forward']:.2f} tokens a forward, {s['late_speedup']:.2f}x the standard "
+        f"pool (targets {TARGETS['late_tokens_per_forward']} and {TARGETS['late_speedup']}x); greedy mismatches "
+        f"{s['greedy_mismatches']}"
+    )
+    c = report["cache"]
+    console.print(
+        f"cache: {c['answers']} answers, {c['tokens']:,} tokens, {c['memory_mb']:.1f} MB; insert "
+        f"{c['insert_us_per_token']:.1f} us a token, a draft {c['speculate_us']:.0f} us"
+    )
+
+
+def plot(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    positions = report["summary"]["by_position"]
+    x = list(range(1, len(positions) + 1))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    left.plot(x, [p["tokens_per_forward"] for p in positions], marker="o", label="DSpark")
+    left.axhline(1.0, color="grey", linestyle="--", label="standard")
+    left.set_ylabel("tokens a forward (mean over jobs)")
+    right.plot(x, [p["speedup"] for p in positions], marker="o", color="tab:green")
+    right.axhline(1.0, color="grey", linestyle="--")
+    right.set_ylabel("DSpark tok/s over standard")
+    for ax in (left, right):
+        ax.axvline(WARM + 0.5, color="lightgrey")
+        ax.set_xlabel("request's position in its job")
+    left.legend(fontsize=8)
+    fig.suptitle("Agent trace by position within a job", fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", help="router YAML (default: the embedded two-pool config on the default model)")
+    parser.add_argument("--jobs", default=",".join(j.name for j in JOBS), help="comma-separated jobs to replay")
+    parser.add_argument("--requests", type=int, default=20, help="requests of each job")
+    parser.add_argument(
+        "--peer-requests", type=int, default=3, help="late requests a job gives prompt lookup (0: none)"
+    )
+    parser.add_argument("--json", type=Path, help="write the report here")
+    parser.add_argument("--plot", type=Path, help="write the PNG here")
+
+
+def run(args: argparse.Namespace) -> int:
+    from backends.precision import cpu_name
+    from backends.progress import JobProgress
+
+    jobs = [name for name in args.jobs.split(",") if name]
+    unknown = set(jobs) - {j.name for j in JOBS}
+    if unknown:
+        raise SystemExit(f"unknown jobs: {', '.join(sorted(unknown))}")
+    with JobProgress(log_every=5) as progress:
+        runs = replay(args.config, jobs, args.requests, progress)
+    report: dict[str, Any] = {
+        "cpu": cpu_name(),
+        "requests_per_job": args.requests,
+        "warm": WARM,
+        "targets": TARGETS,
+        "summary": summarise(runs),
+        "cache": cache_costs(runs),
+        "runs": {job: {pool: [{k: v for k, v in r.items() if k != "text"} for r in rs] for pool, rs in job_runs.items()}
+                 for job, job_runs in runs.items()},
+    }  # fmt: skip
+    if args.peer_requests:
+        report["prompt_lookup_tokens_per_forward"] = prompt_lookup(jobs, args.requests, args.peer_requests)
+    show(report)
+    write_json(args.json, report)
+    if args.plot:
+        plot(report, args.plot)
+    return 0
