@@ -112,14 +112,14 @@ def fitting(loaded, requests: list[GenerationRequest]) -> tuple[list[GenerationR
 class LocalContenders:
     """The in-process contenders on one loaded model; each keeps the verification budgets its engine grants."""
 
-    def __init__(self, model: Path, max_batch: int) -> None:
+    def __init__(self, model: Path, max_batch: int, device: str = "cpu") -> None:
         from backends.autoregressive import AutoregressiveBackend
         from backends.dspark.backend import DSparkBackend
         from backends.engine import BatchLimits
         from backends.scheduling import VerifySchedule
 
         limits = BatchLimits(max_batch=max_batch, max_queue=4 * max_batch)
-        scheduled = DSparkBackend.from_pretrained(model, device="cpu", limits=limits)
+        scheduled = DSparkBackend.from_pretrained(model, device=device, limits=limits)
         loaded = scheduled.loaded
         fixed = DSparkBackend(
             scheduled.model,
@@ -177,8 +177,9 @@ def run_benchmark(
     contenders: list[str],
     window_s: float,
     threads: int,
+    device: str = "cpu",
 ) -> dict:
-    local = LocalContenders(model, max(levels))
+    local = LocalContenders(model, max(levels), device)
     requests, dropped = fitting(local.backends["batched"].loaded, requests)
     report: dict = {
         "model": str(model),
@@ -273,6 +274,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--window", type=float, default=20.0, help="seconds of closed loop per contender and level")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu", help="where the model runs (cpu, cuda)")
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--plot", type=Path, help="write the figure (PNG) here")
 
@@ -286,7 +288,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"bench batching: unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
     levels = [int(c) for c in args.concurrency.split(",")]
     requests = workload(args.prompts, args.per_set, args.max_tokens)
-    report = run_benchmark(args.model, requests, levels, contenders, args.window, torch.get_num_threads())
+    report = run_benchmark(args.model, requests, levels, contenders, args.window, torch.get_num_threads(), args.device)
     print_table(report, contenders)
     write_json(args.json, report)
     if args.plot:

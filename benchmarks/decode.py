@@ -183,12 +183,13 @@ class Contenders:
         dtype: str = "auto",
         confidence_mode: bool = False,
         gguf: Path | None = None,
+        device: str = "cpu",
     ) -> None:
         self.variants = variants
         self.drafters = [d for d in DRAFTERS if any(VARIANTS[v][0] == d for v in variants)]
         self.confidence_mode = confidence_mode
         self.dspark = DSparkBackend.from_pretrained(
-            model_path, device="cpu", dtype=dtype, drafter=self.drafters[0], drafter_path=drafters_path
+            model_path, device=device, dtype=dtype, drafter=self.drafters[0], drafter_path=drafters_path
         )
         self.ar = AutoregressiveBackend(self.dspark.loaded)
         eos = self.dspark.loaded.eos_ids
@@ -335,9 +336,10 @@ def run_benchmark(
     dtype: str = "auto",
     confidence_mode: bool = False,
     gguf: Path | None = None,
+    device: str = "cpu",
 ) -> dict:
     torch.manual_seed(0)
-    contenders = Contenders(model, drafters_path, variants, dtype, confidence_mode, gguf)
+    contenders = Contenders(model, drafters_path, variants, dtype, confidence_mode, gguf, device)
     drafters = contenders.drafters
     runners = contenders.runners()
     for warm in warm_ups(sets):
@@ -425,6 +427,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--drafter-path", type=Path, help="the drafters' folder (default: the model's drafters)")
     parser.add_argument("--dtype", default="auto", help="the target's precision (auto: the packed GGUF blocks)")
+    parser.add_argument("--device", default="cpu", help="where the target runs (cpu, cuda)")
     parser.add_argument(
         "--gguf", type=Path, help="the GGUF llama.cpp runs (default: the default model's own, where installed)"
     )
@@ -476,7 +479,7 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         print(f"note: {note}")
     report = {
-        **run_benchmark(args.model, folder, sets, drafters, args.dtype, args.confidence_mode, gguf),
+        **run_benchmark(args.model, folder, sets, drafters, args.dtype, args.confidence_mode, gguf, args.device),
         "notes": notes,
     }
     print(format_table(report))
