@@ -58,7 +58,7 @@ class DeterminismClassifier:
         self.info = dict(info or {})
         self.gain = gain
         self.weights = ClassifierWeights(
-            vectorizer=vectorizer,
+            rows=vectorizer.rows,
             coef=np.ascontiguousarray(model.coef_[0], dtype=np.float64),
             intercept=float(model.intercept_[0]),
             margin=self.margin,
@@ -90,7 +90,7 @@ class DeterminismClassifier:
         return self.pipeline.predict_proba(list(requests))[:, 1]
 
     def expected_speedup_many(self, requests: Iterable[dict[str, Any]]) -> np.ndarray:
-        return np.exp(self._gain_model().predict(self.weights.vectorizer.transform(list(requests))))
+        return np.exp(self._gain_model().predict(self.weights.rows.matrix(list(requests))))
 
     def _gain_model(self) -> Ridge:
         self.weights.require_gain()

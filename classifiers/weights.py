@@ -12,6 +12,7 @@ call. Anything else (no weights file, an older or a foreign one) loads the archi
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -25,7 +26,7 @@ import numpy as np
 from backends.errors import ModelLoadError
 from backends.scheduling import SpsCurve
 from classifiers import DEFAULT_THRESHOLD
-from classifiers.features import RequestVectorizer
+from classifiers.request_rows import RequestRows
 
 WEIGHTS_FORMAT = "dspark-router/classifier-weights"
 WEIGHTS_VERSION = 1
@@ -58,7 +59,7 @@ class ClassifierWeights:
     coefficients, and the expected speedup as exp of the Ridge's: tens of microseconds a request, the same numbers as
     the Pipeline's ``predict_proba`` and ``predict``."""
 
-    vectorizer: RequestVectorizer
+    rows: RequestRows
     coef: np.ndarray
     intercept: float
     margin: float
@@ -84,24 +85,24 @@ class ClassifierWeights:
         return SpsCurve.from_stored(profile["steps_per_s"]) if isinstance(profile, dict) else None
 
     def score(self, request: dict[str, Any]) -> float:
-        indices, values = self.vectorizer.row(request)
+        indices, values = self.rows.row(request)
         return _sigmoid(float(self.coef[indices] @ values) + self.intercept)
 
     def expected_speedup(self, request: dict[str, Any]) -> float:
         """DSpark's expected solo speedup on the request."""
         self.require_gain()
-        indices, values = self.vectorizer.row(request)
+        indices, values = self.rows.row(request)
         return math.exp(float(self.gain_coef[indices] @ values) + self.gain_intercept)
 
     def score_many(self, requests: Iterable[dict[str, Any]]) -> np.ndarray:
         """:meth:`score` of each request, from one sparse matrix."""
-        logits = self.vectorizer.transform(list(requests)) @ self.coef + self.intercept
+        logits = self.rows.matrix(list(requests)) @ self.coef + self.intercept
         return 1.0 / (1.0 + np.exp(-logits))
 
     def expected_speedup_many(self, requests: Iterable[dict[str, Any]]) -> np.ndarray:
         """:meth:`expected_speedup` of each request, from one sparse matrix."""
         self.require_gain()
-        return np.exp(self.vectorizer.transform(list(requests)) @ self.gain_coef + self.gain_intercept)
+        return np.exp(self.rows.matrix(list(requests)) @ self.gain_coef + self.gain_intercept)
 
     def require_gain(self) -> None:
         if self.gain_coef is None:
@@ -118,7 +119,7 @@ class ClassifierWeights:
             "archive_sha256": archive_sha256,
             "margin": self.margin,
             "info": self.info,
-            "vectorizer": self.vectorizer.get_params(),
+            "vectorizer": dataclasses.asdict(self.rows),
             "intercept": self.intercept,
             "gain_intercept": self.gain_intercept if self.gain_coef is not None else None,
         }
@@ -145,13 +146,11 @@ class ClassifierWeights:
                 return None
             if meta["archive_sha256"] != file_sha256(archive):
                 return None
-            vectorizer = RequestVectorizer(**meta["vectorizer"])
-            if coef.shape != (vectorizer.n_features,) or (
-                gain_coef is not None and gain_coef.shape != (vectorizer.n_features,)
-            ):
+            rows = RequestRows(**{**meta["vectorizer"], "word_ngrams": tuple(meta["vectorizer"]["word_ngrams"])})
+            if coef.shape != (rows.n_features,) or (gain_coef is not None and gain_coef.shape != (rows.n_features,)):
                 return None
             return cls(
-                vectorizer=vectorizer,
+                rows=rows,
                 coef=coef,
                 intercept=float(meta["intercept"]),
                 margin=float(meta["margin"]),

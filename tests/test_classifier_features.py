@@ -9,14 +9,15 @@ import pytest
 from sklearn.feature_extraction.text import HashingVectorizer
 
 from backends.corpus.subtasks import generate_subtasks
-from classifiers.features import (
+from classifiers.features import RequestVectorizer
+from classifiers.request_rows import (
     STRUCTURE_FEATURES,
     TEXT_HEAD_CHARS,
     TEXT_TAIL_CHARS,
     TEXT_WEIGHT,
-    RequestVectorizer,
     request_text,
     structure,
+    word_grams,
 )
 
 WEATHER_TOOL = {
@@ -171,3 +172,27 @@ def test_what_a_request_says_about_its_answer():
     assert cues("Summarise in one sentence: the launch moved.")["brief_answer"] == 1.0
     loops = "for item in items:\n    print(item)\nfor item in items:\n    save(item)"
     assert cues(loops)["repeated_trigrams"] == pytest.approx(2 / 10) and story["repeated_trigrams"] == 0.0
+
+
+@pytest.mark.parametrize("ngrams", [(1, 1), (1, 2), (2, 3)])
+def test_the_word_grams_are_hashing_vectorizers_own(ngrams):
+    """The analyser the router runs without scikit-learn, against scikit-learn's, on text with accents, digits,
+    underscores, one-letter words and punctuation; and the hash behind the columns."""
+    from sklearn.utils import murmurhash3_32
+
+    from classifiers.request_rows import _column
+
+    texts = [
+        "Élodie's ünïcode café: naïve façade, 12 a_b x y zz!",
+        "def parse(line):\n    return line.split(',')  # CSV",
+        "",
+        "a",
+        "JSON JSON json Json — émigré straße",
+        *(request_text(s.to_request_dict()) for s in generate_subtasks(22, seed=5)),
+    ]
+    analyser = HashingVectorizer(analyzer="word", ngram_range=ngrams).build_analyzer()
+    for text in texts:
+        assert word_grams(text, ngrams) == analyser(text)
+        for gram in word_grams(text, ngrams):
+            h = murmurhash3_32(gram, seed=0)
+            assert _column(gram, 2**15) == abs(h) % 2**15

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from backends.errors import InvalidRequestError
-from classifiers.features import structure
+from classifiers.request_rows import structure
 from router.errors import ConfigError
 from router.litellm_backend import import_litellm
 from router.litellm_provider import register
