@@ -138,9 +138,16 @@ class BatchedKV(BatchRows):
     def slots(self) -> int:
         return self.valid.shape[1]
 
-    def prefill(self, members: list[object], prompts: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
+    def prefill(
+        self,
+        members: list[object],
+        prompts: list[list[int]],
+        hidden_states: bool = False,
+        scopes: list[str | None] | None = None,
+    ) -> list[ForwardOut]:
         """Newcomers' prompts, right-padded into one forward with a cache of their own; each then joins the batch
-        as a row. One prompt alone is exactly the solo prefill."""
+        as a row. One prompt alone is exactly the solo prefill. No prefix cache here (``scopes`` unused): the
+        packed engine has one."""
         counts = [len(tokens) for tokens in prompts]
         ids, real = self._padded(prompts, counts)
         cache = DynamicCache(config=self.config)

@@ -37,6 +37,7 @@ from backends.errors import BackendError, DSparkRouterError, InvalidRequestError
 from backends.loading import LoadedModel
 from backends.packed.kv import PackedKV
 from backends.packed.pool import serial_torch_on_this_thread
+from backends.packed.prefix_cache import PrefixCache
 from backends.scheduling import schedule_batch
 from backends.sequence import Sequence
 from backends.steps import Budget, Forward, Rewind, Schedule
@@ -60,6 +61,9 @@ class BatchLimits:
     prefill_tokens: int = 512
     """Prompt positions prefilled together in one forward, padding counted (newcomers times the longest of their
     prompts): what bounds the running batch's stall. 1 prefills one newcomer per step."""
+    prefix_cache_mb: float = 64.0
+    """Memory for prompts kept so a newcomer sharing their start copies it instead of running it
+    (:mod:`backends.packed.prefix_cache`; the packed engine's; 0: none)."""
 
 
 @dataclass(frozen=True)
@@ -78,9 +82,14 @@ Observer = Callable[[StepRecord], None]
 
 
 class DecodeEngine:
-    def __init__(self, loaded: LoadedModel, limits: BatchLimits | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, limits: BatchLimits | None = None, state_layers: tuple[int, ...] = ()
+    ) -> None:
+        """``state_layers``: the hidden-state layers its decode loops read (kept with cached prompt prefixes)."""
         self.limits = limits or BatchLimits()
-        self.kv = batch_kv(loaded)
+        mb = self.limits.prefix_cache_mb
+        self._prefixes = PrefixCache(int(mb * 2**20), state_layers) if mb > 0 and loaded.packed is not None else None
+        self.kv = batch_kv(loaded, self._prefixes)
         self._loaded = loaded
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -163,7 +172,7 @@ class DecodeEngine:
                     error = _typed(exc)
                     for sequence in list(self._running):
                         self._retire(sequence, error=error)
-                    self.kv = batch_kv(self._loaded)
+                    self.kv = batch_kv(self._loaded, self._prefixes)
 
     def _admit(self) -> bool:
         """Move waiting requests into the batch while it has room; sleep while there is nothing to do. False
@@ -229,8 +238,10 @@ class DecodeEngine:
         if not group:
             return 0
         forwards = [s.pending for s in group]
-        outputs = self.kv.prefill(group, [f.tokens for f in forwards], any(f.hidden_states for f in forwards))
+        scopes = [s.request.cache_scope for s in group]
+        outputs = self.kv.prefill(group, [f.tokens for f in forwards], any(f.hidden_states for f in forwards), scopes)
         for sequence, out in zip(group, outputs):
+            sequence.stats.cached_prompt_tokens = out.cached
             self._advance(sequence, out)
         return len(group)
 
@@ -266,9 +277,10 @@ class DecodeEngine:
             sequence.fail(BackendError("cancelled"))
 
 
-def batch_kv(loaded: LoadedModel) -> BatchedKV | PackedKV:
-    """The running batch's caches and forward: the packed engine's where it serves, transformers' otherwise."""
-    return PackedKV(loaded) if loaded.packed is not None else BatchedKV(loaded)
+def batch_kv(loaded: LoadedModel, prefixes: PrefixCache | None = None) -> BatchedKV | PackedKV:
+    """The running batch's caches and forward: the packed engine's (starting prompts from ``prefixes``) where it
+    serves, transformers' otherwise."""
+    return PackedKV(loaded, prefixes) if loaded.packed is not None else BatchedKV(loaded)
 
 
 def prefill_group(newcomers: list[Sequence], budget: int) -> list[Sequence]:

@@ -29,9 +29,12 @@ from backends.types import GenerationRequest, GenerationResult, GenerationStats,
 class LocalBackend(ABC):
     name = "local"
 
-    def __init__(self, loaded: LoadedModel, limits: BatchLimits | None = None) -> None:
+    def __init__(
+        self, loaded: LoadedModel, limits: BatchLimits | None = None, state_layers: tuple[int, ...] = ()
+    ) -> None:
+        """``state_layers``: the hidden-state layers the decode loops read (see :class:`DecodeEngine`)."""
         self.loaded = loaded
-        self.engine = DecodeEngine(loaded, limits)
+        self.engine = DecodeEngine(loaded, limits, state_layers)
 
     @abstractmethod
     def _decode(

@@ -38,6 +38,9 @@ class ForwardOut:
     """[n, V]; after a prefill, [1, V]: the prompt's last position's, the only ones a decode loop reads."""
     hidden_states: Sequence[torch.Tensor] | None = None
     """Per layer (embedding output first) [1, n, hidden], when the Forward asked for them."""
+    cached: int = 0
+    """After a prefill, the prompt's first positions copied from the prefix cache: ``hidden`` holds only the rest's
+    (``hidden_states`` every position's)."""
 
 
 @dataclass(frozen=True)

@@ -322,6 +322,8 @@ class GenerationStats(BaseModel):
     time_to_first_token_s: float | None = None
     tokens_per_s: float = 0.0
     forced_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    """The prompt's first positions copied from the engine's prefix cache instead of run."""
     constraint_s: float = 0.0
     spans: SpanStats | None = None
 

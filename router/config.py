@@ -136,6 +136,13 @@ class PoolConfig(_Strict):
         description="KV cache positions a worker's running requests may hold, counted as prompt + max_tokens each",
     )
     max_queue: int = Field(default=32, ge=0, le=100_000, description="requests waiting beyond the running ones")
+    prefix_cache_mb: float = Field(
+        default=64.0,
+        ge=0,
+        le=65_536,
+        description="memory per worker for prompts kept so a request sharing their start (an agent's template) "
+        "copies it instead of prefilling it; per tenant, like the traffic cache (0: off; the packed engine's)",
+    )
     device: str = Field(default="auto", pattern=r"^(auto|cpu|mps|cuda(:\d+)?)$")
     dtype: Literal["auto", "gguf", "float32", "bfloat16", "float16"] = Field(
         default="auto",

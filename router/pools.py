@@ -244,5 +244,8 @@ def batch_limits(config: PoolConfig):
     from backends.engine import BatchLimits
 
     return BatchLimits(
-        max_batch=config.max_batch, max_kv_tokens=config.max_kv_tokens, max_queue=config.max_batch + config.max_queue
+        max_batch=config.max_batch,
+        max_kv_tokens=config.max_kv_tokens,
+        max_queue=config.max_batch + config.max_queue,
+        prefix_cache_mb=config.prefix_cache_mb,
     )

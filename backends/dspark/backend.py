@@ -17,7 +17,7 @@ from backends.constraints import GrammarConstraint
 from backends.default_model import drafters_for
 from backends.dspark import published_decode
 from backends.dspark.decode import decode
-from backends.dspark.drafter import DSparkDrafter
+from backends.dspark.drafter import DSparkDrafter, state_layers
 from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.heads import SpanHeads
@@ -70,7 +70,8 @@ class DSparkBackend(LocalBackend):
     ) -> None:
         if (model if default == "heads" else drafter) is None:
             raise ModelLoadError(f"a DSpark backend with drafter {default!r} needs that drafter", param="model")
-        super().__init__(model.loaded if model is not None else loaded, limits)
+        layers = () if drafter is None else state_layers(drafter.config.target_layer_ids)
+        super().__init__(model.loaded if model is not None else loaded, limits, layers)
         self.model = model
         self.drafter = drafter
         self.schedule = schedule or VerifySchedule()

@@ -215,10 +215,16 @@ class ContextCache:
         self.values[index, :, self.length : end] = values[0]
 
 
+def state_layers(layer_ids: list[int]) -> tuple[int, ...]:
+    """Where the target layers a drafter reads sit in a forward's ``hidden_states`` (embedding output first):
+    layer i is entry i+1 and -1 the embedding output."""
+    return tuple(i + 1 for i in layer_ids)
+
+
 def target_features(hidden_states: Sequence[torch.Tensor], layer_ids: list[int]) -> torch.Tensor:
-    """The drafter's context from a target forward's ``hidden_states`` (embedding output first): layer i is
-    entry i+1 and -1 the embedding output, concatenated along the width."""
-    return torch.cat([hidden_states[i + 1] for i in layer_ids], dim=-1)
+    """The drafter's context from a target forward's ``hidden_states``: its layers', concatenated along the
+    width."""
+    return torch.cat([hidden_states[i] for i in state_layers(layer_ids)], dim=-1)
 
 
 class DSparkDrafter(nn.Module):

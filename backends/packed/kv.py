@@ -11,11 +11,13 @@ would run past it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from itertools import accumulate
 
 import torch
 
 from backends.loading import LoadedModel
+from backends.packed.prefix_cache import Hit, JoinedStates, PrefixCache
 from backends.steps import BatchRows, ForwardOut
 
 FIRST_ROOM = 256
@@ -23,20 +25,51 @@ FIRST_ROOM = 256
 
 
 class PackedKV(BatchRows):
-    def __init__(self, loaded: LoadedModel) -> None:
+    def __init__(self, loaded: LoadedModel, prefixes: PrefixCache | None = None) -> None:
         super().__init__()
         self.model = loaded.packed
         self.caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.prefixes = prefixes
 
-    def prefill(self, members: list[object], prompts: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
-        """Newcomers join as rows, their prompts run in one forward (positions from 0); each row's logits are its
-        prompt's last position's only, all a decode loop reads (the LM head is most of a long prompt's cost)."""
-        first = self.rows
-        for member, prompt in zip(members, prompts):
+    def prefill(
+        self,
+        members: list[object],
+        prompts: list[list[int]],
+        hidden_states: bool = False,
+        scopes: list[str | None] | None = None,
+    ) -> list[ForwardOut]:
+        """Newcomers join as rows, their prompts run in one forward; each row's logits are its prompt's last
+        position's only, all a decode loop reads (the LM head is most of a long prompt's cost). A prompt whose start
+        the prefix cache holds (for its request's scope in ``scopes``) copies it and runs only the rest, and every
+        prompt is kept there for the next."""
+        first, scopes = self.rows, scopes or [None] * len(prompts)
+        hits = [self._start_from_cache(scope, prompt, hidden_states) for scope, prompt in zip(scopes, prompts)]
+        for member, prompt, hit in zip(members, prompts, hits):
             self.members.append(member)
-            self.lengths.append(0)
+            self.lengths.append(0 if hit is None else hit.shared)
             self.caches.append(self.model.new_cache(len(prompt) + FIRST_ROOM))
-        return self._forward(list(range(first, self.rows)), prompts, hidden_states, last_logits=True)
+            if hit is not None:
+                PrefixCache.copy_into(hit, self.caches[-1])
+        rows = list(range(first, self.rows))
+        rest = [prompt[self.lengths[r] :] for r, prompt in zip(rows, prompts)]
+        outputs = self._forward(rows, rest, hidden_states, last_logits=True)
+        for i, (r, scope, prompt, hit) in enumerate(zip(rows, scopes, prompts, hits)):
+            if hit is not None:
+                outputs[i] = self._joined(outputs[i], hit)
+            if self.prefixes is not None:
+                self.prefixes.add(scope, prompt, self.caches[r], outputs[i].hidden_states)
+        return outputs
+
+    def _start_from_cache(self, scope: str | None, prompt: list[int], hidden_states: bool) -> Hit | None:
+        return None if self.prefixes is None else self.prefixes.longest(scope, prompt, hidden_states)
+
+    @staticmethod
+    def _joined(out: ForwardOut, hit: Hit) -> ForwardOut:
+        """A prefill's output from the prompt's first position: the cached prefix's states joined to the rest's."""
+        states = out.hidden_states
+        if states is not None:
+            states = JoinedStates(hit.prefix.states or {}, hit.shared, states)
+        return replace(out, hidden_states=states, cached=hit.shared)
 
     def step(self, inputs: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
         """One forward over every row, row r fed ``inputs[r]`` (at least one token each)."""

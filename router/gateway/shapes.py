@@ -44,10 +44,15 @@ class DSparkUsage(BaseModel):
     )
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="the prompt's first tokens the engine's prefix cache held (not prefilled)")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
     dspark: DSparkUsage
 
 
@@ -62,6 +67,7 @@ def usage(result: RoutedResult) -> Usage:
         prompt_tokens=counts.prompt_tokens,
         completion_tokens=counts.completion_tokens,
         total_tokens=counts.total_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=result.stats.cached_prompt_tokens),
         dspark=DSparkUsage(
             mean_accepted_tokens=result.measured.mean_accepted_tokens,
             forward_passes=result.stats.forward_passes,
