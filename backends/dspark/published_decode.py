@@ -25,7 +25,10 @@ correction token of the previous round, or the target's own next token):
 4. ``commit``: rejected positions are rewound out of the target cache, the grammar consumes what was kept, and the
    kept positions' features wait for the next round's draft.
 
-Text the grammar forces is committed in one target pass without drafting, as in the span-heads loop.
+Text the grammar forces is committed at once and starts the round's forward in the anchor's place: a block looked
+up after it (a key's value copied from the prompt, the rest of a template from the traffic) is verified in the same
+pass, where the span-heads loop spends a pass on the forced text alone. (Only a looked-up block: the drafter's
+context has no features yet for the forced tokens before the last.)
 """
 
 from __future__ import annotations
@@ -306,15 +309,16 @@ def propose(
     constraint: GrammarConstraint | None,
     vocab_size: int,
     cost: DraftCost,
+    drafts: bool = True,
 ) -> Generator[Step, int, Proposal]:
     """Whichever block is expected to commit the most tokens per second (:func:`expected_rate`): one looked up (a
-    copy from the context, a draft from the traffic) or the drafter's; its length asked of the engine (``Budget``
-    before drafting, ``Schedule`` after). A drafter pass is weighed at what passes have measured in the loop
-    (``cost``), and this one's time joins them. Every estimate predates this round's blocks, so a request no copy
-    and no earlier answer can help drafts as it did without them."""
+    copy from the context, a draft from the traffic) or the drafter's (unless ``drafts`` is off); its length asked
+    of the engine (``Budget`` before drafting, ``Schedule`` after). A drafter pass is weighed at what passes have
+    measured in the loop (``cost``), and this one's time joins them. Every estimate predates this round's blocks, so
+    a request no copy and no earlier answer can help drafts as it did without them."""
     schedule = replace(schedule, draft_s=cost.seconds)
     blocks = looked_up(state, schedule, anchor, limit, traffic_limit, request.greedy)
-    drafting = state.draft_confidence(limit)
+    drafting = state.draft_confidence(limit) if drafts else []
     best = chosen(schedule, blocks, drafting)
     if best:
         expected = tuple(prefix_survival(best.confidence))
@@ -322,7 +326,7 @@ def propose(
         length = (yield Schedule(schedule, best.confidence, budget)) if budget else 0
         probs = None if request.greedy else one_hot(best.tokens, vocab_size, torch.device("cpu"))
         return replace(cut(best.tokens, length, probs, constraint), match=best.match, source=best.source)
-    if schedule.lookup == "only":
+    if schedule.lookup == "only" or not drafts:
         return Proposal([])
     # None expected (optimistic) on a probe, so a request whose drafts stopped paying is tried again
     expected = tuple(prefix_survival(drafting)) if state.survival.expected() else ()
@@ -367,33 +371,43 @@ def decode(
     logits, next_token, produced = step.logits[-1], None, 0
     try:
         while True:
-            forced = forced_tokens(constraint, stats)
-            if forced:
-                step = target_pass((yield Forward(forced, hidden_states=True)), layer_ids)
-                stats.forward_passes += 1
-                state.pending.append(step.features)
-                logits, next_token = step.logits[-1], None
-                state.lookup.extend(forced)
-                produced += len(forced)
-                yield forced
-                continue
-            anchor = next_token
-            if anchor is None:
+            # the tokens this round's forward starts with, committed already: the grammar's forced text (whose
+            # logits no round needs, so a looked-up block rides along after it), else the anchor
+            run = forced_tokens(constraint, stats)
+            if run:
+                next_token = None
+            else:
+                anchor = next_token
+                if anchor is None:
+                    if constraint is not None:
+                        constraint.mask_logits(logits)
+                    anchor = pick_token(logits, request, generator)
                 if constraint is not None:
-                    constraint.mask_logits(logits)
-                anchor = pick_token(logits, request, generator)
-            if constraint is not None:
-                constraint.consume([anchor])
+                    constraint.consume([anchor])
+                run = [anchor]
+            anchor = run[-1]
+            state.lookup.extend(run[:-1])
             context_room = MAX_DRAFT + 1 if loaded.max_context is None else loaded.max_context - state.committed
-            room = max(0, min(context_room - 1, request.max_tokens - produced - 1))
+            room = max(0, min(context_room - len(run), request.max_tokens - produced - len(run)))
             limit, traffic_limit = min(schedule.limit(drafter.block_size), room), min(schedule.limit(MAX_DRAFT), room)
+            # the drafter's context has no features for forced tokens before the anchor: only a lookup after them
             proposal = yield from propose(
-                state, schedule, anchor, limit, traffic_limit, request, generator, constraint, logits.shape[-1], cost
+                state,
+                schedule,
+                anchor,
+                limit,
+                traffic_limit,
+                request,
+                generator,
+                constraint,
+                logits.shape[-1],
+                cost,
+                drafts=len(run) == 1,
             )
             tokens = proposal.tokens
-            step = target_pass((yield Forward([anchor, *tokens], hidden_states=True)), layer_ids)
+            step = target_pass((yield Forward([*run, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1
-            step_logits = masked_by_grammar(step.logits, tokens, constraint)
+            step_logits = masked_by_grammar(step.logits[len(run) - 1 :], tokens, constraint)
             probs = None if proposal.probs is None else proposal.probs.to(step_logits.device)
             accepted, next_token = verify(
                 tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused
@@ -410,10 +424,10 @@ def decode(
                 yield Rewind(len(tokens) - accepted)
             if constraint is not None:
                 constraint.consume(tokens[:accepted])
-            state.pending.append(step.features[: accepted + 1])
+            state.pending.append(step.features[: len(run) + accepted])
             logits = step_logits[accepted]
-            produced += 1 + accepted
-            yield [anchor, *tokens[:accepted]]
+            produced += len(run) + accepted
+            yield [*run, *tokens[:accepted]]
     finally:
         rounds.close()
         if traffic is not None:
