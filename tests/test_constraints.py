@@ -25,6 +25,7 @@ from backends.constraints import (
     request_grammar,
 )
 from backends.constraints.vocabulary import llg_tokenizer
+from backends.dspark.published_decode import cut
 from backends.errors import UnsupportedFormatError
 from backends.loading import load_model
 from backends.modelfactory import END_OF_TEXT, IM_END
@@ -461,3 +462,16 @@ def test_greedy_decoding_with_a_model(tiny_model_paths):
             generated += step
     assert constraint.is_finished
     jsonschema.validate(json.loads(loaded.tokenizer.decode(generated, skip_special_tokens=True)), schema)
+
+
+def test_a_draft_the_grammar_cuts_is_marked_so_its_kind_learns_the_refused_token(constrain, tiny_tokenizer):
+    """The decode loop counts the refused token as rejected (`Proposal.grammar_refused`): a kind of block the
+    grammar always cuts to nothing would otherwise be drafted every round and never learnt from."""
+    constraint = constrain(response_format={"type": "regex", "regex": r"\d{3}-\d{4}"})
+    valid, invalid = tiny_tokenizer.encode("123-4567"), tiny_tokenizer.encode("12a-4567")
+    whole = cut(valid, len(valid), None, constraint)
+    assert whole.tokens == valid and not whole.grammar_refused
+    short = cut(invalid, len(invalid), None, constraint)
+    assert short.tokens == invalid[: constraint.valid_prefix(invalid)] and short.grammar_refused
+    assert not cut(invalid, len(short.tokens), None, constraint).grammar_refused  # the schedule stopped first
+    assert not cut(valid, 2, None, None).grammar_refused

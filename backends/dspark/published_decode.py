@@ -201,15 +201,18 @@ class Proposal:
     """A looked-up block's match length (:class:`~backends.dspark.lookup.Copy`, a traffic draft); None for the
     drafter's."""
     source: Source = "drafter"
+    grammar_refused: bool = False
+    """The token the schedule chose after ``tokens`` was cut because the grammar refuses it: the target could never
+    have written it, so what a block of this kind earns counts it rejected (or a block the grammar always cuts
+    would be drafted every round and never learnt from)."""
 
 
 def cut(tokens: list[int], length: int, probs: torch.Tensor | None, constraint: GrammarConstraint | None) -> Proposal:
     """The first ``length`` tokens the schedule chose, cut at the first one the grammar refuses."""
-    kept = tokens[:length]
-    if constraint is not None:
-        kept = kept[: constraint.valid_prefix(kept)]
+    chosen = tokens[:length]
+    kept = chosen[: constraint.valid_prefix(chosen)] if constraint is not None else chosen
     refused = probs[len(kept)] if probs is not None and len(kept) < length else None
-    return Proposal(kept, None if probs is None else probs[: len(kept)], refused)
+    return Proposal(kept, None if probs is None else probs[: len(kept)], refused, grammar_refused=kept != chosen)
 
 
 @dataclass
@@ -413,12 +416,13 @@ def decode(
                 tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused
             )
             rounds.verified(len(tokens), accepted, proposal.source == "copy", proposal.source == "traffic")
+            tried = len(tokens) + int(proposal.grammar_refused and accepted == len(tokens))
             if proposal.source == "drafter":
-                if tokens:
-                    state.drafts.add(len(tokens), accepted, state.survival.conditional(len(tokens)))
+                if tried:
+                    state.drafts.add(tried, accepted, state.survival.conditional(tried))
             elif schedule.verification == "exact":  # unverified, nothing was measured
                 learnt = state.copies if proposal.source == "copy" else state.traffic.acceptance
-                learnt.add(proposal.match, request.greedy, len(tokens), accepted)
+                learnt.add(proposal.match, request.greedy, tried, accepted)
             state.lookup.extend([anchor, *tokens[:accepted]])
             if len(tokens) > accepted:
                 yield Rewind(len(tokens) - accepted)
