@@ -755,8 +755,21 @@ def trace(data: dict, results: Path, base: Path) -> str:
             f"slower than the standard pool; greedy mismatches: {s['greedy_mismatches']}. The cache after the trace: "
             f"{cache['answers']} answers, {cache['tokens']:,} tokens, {cache['memory_mb']:.2f} MB; inserting a token "
             f"{cache['insert_us_per_token']:.1f} us, a draft {cache['speculate_us']:.0f} us (Python).",
+            *([_routed_trace(data["auto"])] if "auto" in data else []),
             _image(results, "trace.png", base, "the agent trace by position within a job"),
         ]
+    )
+
+
+def _routed_trace(auto: dict) -> str:
+    share = "-" if auto["oracle_share"] is None else f"{auto['oracle_share']:.0%}"
+    return (
+        f"Through `dspark-router/auto` (the router's own choice, the template's measured speedup included; a replay of "
+        f"its own from fresh caches): **{auto['auto_s']:.1f} s** for the trace, "
+        f"{sum(auto['auto_to_dspark'].values())} of {auto['requests']} requests to DSpark, against "
+        f"{auto['all_dspark_s']:.1f} s all-DSpark and {auto['all_standard_s']:.1f} s all-standard in the paired "
+        f"replay, and {auto['oracle_s']:.1f} s for the oracle that sends each request to the pool that answered it "
+        f"faster there ({share} of the oracle's saving over all-standard; the two replays' own noise included)."
     )
 
 

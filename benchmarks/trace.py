@@ -50,18 +50,23 @@ def _run(answer: dict[str, Any], seconds: float) -> dict[str, Any]:
     calls = [call["function"] for call in message.get("tool_calls") or []]  # each call's id is drawn at random
     text = message.get("content") or json.dumps(calls)
     forwards = (usage.get("dspark") or {}).get("forward_passes") or usage["completion_tokens"]
-    return {"tokens": usage["completion_tokens"], "forwards": forwards, "seconds": seconds, "text": text}
+    served = answer.get("dspark_router", {}).get("decision", {}).get("pool")
+    tokens = usage["completion_tokens"]
+    return {"tokens": tokens, "forwards": forwards, "seconds": seconds, "text": text, "pool": served}
 
 
-def replay(config: str | None, jobs: list[str], count: int, progress: Any) -> dict[str, dict[str, list]]:
-    """Every job's requests through the gateway, both pools each: {job: {pool: [run, ...]}}."""
+def replay(
+    config: str | None, jobs: list[str], count: int, progress: Any, models: tuple[str, ...] = POOLS
+) -> dict[str, dict[str, list]]:
+    """Every job's requests through the gateway of a fresh router, to each of ``models`` (``dspark-router/NAME``) in
+    turn, alternating which goes first: {job: {model: [run, ...]}}."""
     from benchmarks.gateway import serving
     from router.gateway.app import create_app
     from router.gateway.settings import GatewayConfig
     from router.sdk import Router
 
-    runs: dict[str, dict[str, list]] = {job: {pool: [] for pool in POOLS} for job in jobs}
-    task = progress.add_job("bench trace", total=len(jobs) * count)
+    runs: dict[str, dict[str, list]] = {job: {model: [] for model in models} for job in jobs}
+    task = progress.add_job(f"bench trace ({', '.join(models)})", total=len(jobs) * count)
     with Router.from_config(config) as router:
         router.warmup()
         app = create_app(router, GatewayConfig(api_keys_env=None), warmup=False)
@@ -69,12 +74,36 @@ def replay(config: str | None, jobs: list[str], count: int, progress: Any) -> di
             connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
             for job in (j for j in JOBS if j.name in jobs):
                 for i, body in enumerate(requests(job, count)):
-                    order = POOLS if i % 2 == 0 else POOLS[::-1]
-                    for pool in order:
-                        answer, seconds = _post(connection, {**body, "model": f"dspark-router/{pool}"})
-                        runs[job.name][pool].append(_run(answer, seconds))
+                    for model in models if i % 2 == 0 else models[::-1]:
+                        answer, seconds = _post(connection, {**body, "model": f"dspark-router/{model}"})
+                        runs[job.name][model].append(_run(answer, seconds))
                     progress.step(task, status=f"{job.name} {i + 1}")
     return runs
+
+
+def routed(paired: dict[str, dict[str, list]], auto: dict[str, dict[str, list]]) -> dict[str, Any]:
+    """The trace through ``dspark-router/auto`` (a replay of its own, from fresh caches) against all-DSpark and
+    all-standard (the paired replay), and the oracle that sends each request to whichever pool answered it faster
+    there: seconds for the whole trace, auto's share of the time the oracle saves over the faster of the two, and
+    how many of its requests auto sent to DSpark."""
+    seconds = lambda runs: sum(r["seconds"] for r in runs)  # noqa: E731
+    all_dspark = sum(seconds(job["dspark"]) for job in paired.values())
+    all_standard = sum(seconds(job["standard"]) for job in paired.values())
+    pairs = [(d, s) for job in paired.values() for d, s in zip(job["dspark"], job["standard"])]
+    oracle = sum(min(d["seconds"], s["seconds"]) for d, s in pairs)
+    auto_s = sum(seconds(job["auto"]) for job in auto.values())
+    best = min(all_dspark, all_standard)
+    to_dspark = {name: sum(r["pool"] == "dspark" for r in job["auto"]) for name, job in auto.items()}
+    return {
+        "auto_s": auto_s,
+        "all_dspark_s": all_dspark,
+        "all_standard_s": all_standard,
+        "oracle_s": oracle,
+        "oracle_share": (all_standard - auto_s) / (all_standard - oracle) if all_standard > oracle else None,
+        "no_later_than_best": auto_s <= best,
+        "auto_to_dspark": to_dspark,
+        "requests": sum(len(job["auto"]) for job in auto.values()),
+    }
 
 
 def prompt_lookup(jobs: list[str], count: int, per_job: int) -> dict[str, float]:
@@ -201,6 +230,14 @@ def show(report: dict[str, Any]) -> None:
         f"pool (targets {TARGETS['late_tokens_per_forward']} and {TARGETS['late_speedup']}x); greedy mismatches "
         f"{s['greedy_mismatches']}"
     )
+    if "auto" in report:
+        a = report["auto"]
+        share = "-" if a["oracle_share"] is None else f"{a['oracle_share']:.0%}"
+        console.print(
+            f"auto: {a['auto_s']:.1f} s for the trace, {sum(a['auto_to_dspark'].values())} of {a['requests']} "
+            f"requests to DSpark (all-DSpark {a['all_dspark_s']:.1f} s, all-standard {a['all_standard_s']:.1f} s, "
+            f"oracle {a['oracle_s']:.1f} s: {share} of the oracle's saving)"
+        )
     c = report["cache"]
     console.print(
         f"cache: {c['answers']} answers, {c['tokens']:,} tokens, {c['memory_mb']:.1f} MB; insert "
@@ -241,6 +278,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--peer-requests", type=int, default=3, help="late requests a job gives prompt lookup (0: none)"
     )
+    parser.add_argument(
+        "--auto",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay the trace once more through dspark-router/auto, from fresh caches",
+    )
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--plot", type=Path, help="write the PNG here")
 
@@ -255,6 +298,7 @@ def run(args: argparse.Namespace) -> int:
         raise SystemExit(f"unknown jobs: {', '.join(sorted(unknown))}")
     with JobProgress(log_every=5) as progress:
         runs = replay(args.config, jobs, args.requests, progress)
+        auto = replay(args.config, jobs, args.requests, progress, ("auto",)) if args.auto else None
     report: dict[str, Any] = {
         "cpu": cpu_name(),
         "requests_per_job": args.requests,
@@ -265,6 +309,8 @@ def run(args: argparse.Namespace) -> int:
         "runs": {job: {pool: [{k: v for k, v in r.items() if k != "text"} for r in rs] for pool, rs in job_runs.items()}
                  for job, job_runs in runs.items()},
     }  # fmt: skip
+    if auto is not None:
+        report["auto"] = routed(runs, auto)
     if args.peer_requests:
         report["prompt_lookup_tokens_per_forward"] = prompt_lookup(jobs, args.requests, args.peer_requests)
     show(report)

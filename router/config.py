@@ -301,6 +301,12 @@ class PolicyConfig(_Strict):
         le=1.0,
         description="share of dspark/standard requests replayed on the other pool once answered, to log a speedup",
     )
+    learn_templates: bool = Field(
+        default=True,
+        description="objective time_saved: weigh each template's measured DSpark speedup (per tenant: its system "
+        "prompt, schema and tools) against the classifier's, and send a repeated template DSpark never answered "
+        "there to be measured (router/templates.py)",
+    )
     seed: int = 0
     defaults: SamplingDefaults = Field(default_factory=SamplingDefaults)
     tenants: dict[str, TenantOverride] = Field(default_factory=dict)

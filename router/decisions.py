@@ -45,7 +45,9 @@ class PoolSeen(BaseModel):
 class Decision(BaseModel):
     pool: str = Field(description="the pool that served (or would serve) the request")
     policy_pool: str = Field(description="the pool the policy chose, before exploring, spilling or falling back")
-    rule: str = Field(description="the rule that fired, or 'hint', 'classifier', 'time_saved', 'default'")
+    rule: str = Field(
+        description="the rule that fired, or 'hint', 'classifier', 'time_saved', 'template_probe', 'default'"
+    )
     reason: str
     score: float | None = None
     expected_speedup: float | None = Field(

@@ -28,6 +28,7 @@ from router.metrics import RouterMetrics
 from router.pool import WAIT_GRACE_S, Pool
 from router.records import DecisionLog
 from router.request import RoutedRequest
+from router.templates import TemplateSpeeds, template_key
 
 OnDelta = Callable[[str, Decision], None]
 
@@ -43,7 +44,10 @@ class Dispatcher:
         log: DecisionLog,
         health: dict[str, PoolHealth],
         speed_pair: tuple[str, str] = ("dspark", "standard"),
+        templates: TemplateSpeeds | None = None,
     ) -> None:
+        """``templates``: where each answer's time per token is kept by template, for the policy to read."""
+        self.templates = templates
         self.pools = pools
         self.configs = configs
         self.health = health
@@ -115,6 +119,7 @@ class Flight:
         self._first_delta_at: float | None = None
         self._attempt: Future[GenerationResult] | None = None
         self._cancelled = False
+        self.template = template_key(routed) if dispatcher.templates is not None else None
 
     def cancel(self) -> None:
         """Stop the request for a caller that went away: an attempt still queued leaves its pool's queue now, a
@@ -148,6 +153,8 @@ class Flight:
             attempt = self._submit_to_decided_pool()
         self._attempt = attempt
         attempt.add_done_callback(self._attempt_done)
+        if d.templates is not None and self.template is not None:
+            d.templates.seen(self.template)
 
     def _submit_to_decided_pool(self) -> Future[GenerationResult]:
         """The request as the decision's pool decodes it (its defaults and cap), recorded in the decision first,
@@ -230,6 +237,10 @@ class Flight:
             **dict(result), request_id=self.routed.request_id, decision=self.decision, measured=measured
         )
         self.dispatcher.metrics.finished(self.decision, measured)
+        if self.dispatcher.templates is not None:
+            self.dispatcher.templates.observe(
+                self.template, self.decision.pool, result.stats.wall_time_s, result.usage.completion_tokens
+            )
         stats = {self.decision.pool: _pool_stats(result, kind)}
         fields = {"measured": measured, "finish_reason": result.finish_reason, "usage": result.usage}
         shadow = self._start_shadow()

@@ -23,6 +23,7 @@ from router.config import PolicyConfig, Rule, RuleMatch, TenantOverride
 from router.decisions import Decision
 from router.errors import ConfigError, RoutingError
 from router.request import RoutedRequest
+from router.templates import TemplateSpeeds, blended, template_key
 
 if TYPE_CHECKING:
     from classifiers import Scorer
@@ -74,9 +75,17 @@ def _check_time_saved(config: PolicyConfig, scorer: Scorer | None, estimator: Lo
 class Policy:
     """``estimator`` reads the pools' load for ``objective: time_saved``; the router builds it over its pools."""
 
-    def __init__(self, config: PolicyConfig, scorer: Scorer | None, estimator: LoadEstimator | None = None) -> None:
+    def __init__(
+        self,
+        config: PolicyConfig,
+        scorer: Scorer | None,
+        estimator: LoadEstimator | None = None,
+        templates: TemplateSpeeds | None = None,
+    ) -> None:
+        """``templates``: what answers measured per template (:mod:`router.templates`), read under ``time_saved``."""
         _check_time_saved(config, scorer, estimator)
         self.config = config
+        self.templates = templates
         self.scorer = scorer
         self.estimator = estimator
         self._scorer_threshold = _calibrated_threshold(scorer)
@@ -114,14 +123,27 @@ class Policy:
         return self._explore(chosen, self._setting(override, "explore"))
 
     def _time_saved(self, routed: RoutedRequest) -> Decision:
+        """The pool the request is expected to finish on first, from the classifier's expected speedup moved towards
+        what its template measured; a repeated template DSpark never answered goes there to be measured."""
         speedup = self._expected_speedup(routed)
+        key = template_key(routed) if self.templates is not None else None
+        if key is not None and self.templates.probe(key):
+            pool = self.config.dspark_pool
+            reason = "a repeated template the DSpark pool has not answered yet: measured there"
+            return Decision(pool=pool, policy_pool=pool, rule="template_probe", reason=reason, tenant=routed.tenant)
+        measured = self.templates.speedup(key) if key is not None else None
+        if measured is not None:
+            speedup = blended(speedup, measured)
         measured_on = getattr(self.scorer, "calibration_curve", None)
         verdict = self.estimator.choose(speedup, routed.request.max_tokens, measured_on)
+        reason = verdict.reason
+        if measured is not None:
+            reason += f"; its template measured {measured.speedup:.2f}x over {measured.answers} DSpark answers"
         return Decision(
             pool=verdict.pool,
             policy_pool=verdict.pool,
             rule="time_saved",
-            reason=verdict.reason,
+            reason=reason,
             tenant=routed.tenant,
             expected_speedup=speedup,
             load=verdict.seen,

@@ -39,6 +39,7 @@ from router.pool import Pool, wait_result
 from router.pool_factory import build_pool
 from router.records import DecisionLog
 from router.request import parse_openai_args
+from router.templates import TemplateSpeeds
 
 if TYPE_CHECKING:
     from classifiers import Scorer
@@ -76,7 +77,9 @@ class Router:
             scorer = resolve_scorer(config.policy.classifier)
         self.config = config
         self.pools: dict[str, Pool] = dict(pools or {n: build_pool(n, c) for n, c in config.pools.items()})
-        self.policy = Policy(config.policy, scorer, self._estimator())
+        policy = config.policy
+        templates = TemplateSpeeds(policy.dspark_pool, policy.standard_pool) if policy.learn_templates else None
+        self.policy = Policy(policy, scorer, self._estimator(), templates)
         self.metrics = RouterMetrics()
         self.metrics.watch(self.pools)
         self.log = DecisionLog.from_config(config.log, config.redis_url)
@@ -94,6 +97,7 @@ class Router:
             self.log,
             self.health,
             speed_pair=(config.policy.dspark_pool, config.policy.standard_pool),
+            templates=templates,
         )
         self._pool_names = frozenset(self.pools)
         self._defaults = config.policy.defaults.values()
