@@ -28,6 +28,7 @@ from router.pool import OnChunk, Pool
 
 if TYPE_CHECKING:
     from backends.engine import StepRecord
+    from backends.local import LocalBackend
 
 SOLO_SMOOTHING = 0.2
 """Weight of the newest one-row forward in a pool's running mean of the tokens a lone request feeds."""
@@ -212,30 +213,37 @@ def _attach(backend: Backend | None, observer: Callable[[StepRecord], None]) -> 
 
 
 def load_backend(config: PoolConfig) -> Backend:
-    """A fresh backend for one worker; torch and litellm are imported only for the pools that need them."""
+    """A fresh backend for one worker, ready for a structured request; torch and litellm are imported only for the
+    pools that need them."""
+    if config.local:
+        backend = _local_backend(config)
+        backend.prepare_grammars()
+        return backend
+    from router.litellm_backend import LiteLLMBackend
+
+    return LiteLLMBackend(config.model, api_base=config.api_base, api_key=config.api_key, timeout_s=config.timeout_s)
+
+
+def _local_backend(config: PoolConfig) -> LocalBackend:
     if config.backend == "autoregressive":
         from backends.autoregressive import AutoregressiveBackend
 
         return AutoregressiveBackend.from_pretrained(
             config.model, device=config.device, dtype=config.dtype, limits=batch_limits(config), threads=config.threads
         )
-    if config.backend == "dspark":
-        from backends.dspark.backend import DSparkBackend
+    from backends.dspark.backend import DSparkBackend
 
-        backend = DSparkBackend.from_pretrained(
-            config.model,
-            device=config.device,
-            dtype=config.dtype,
-            drafter=config.drafter,
-            drafter_path=config.drafter_path,
-            limits=batch_limits(config),
-            threads=config.threads,
-            traffic=config.traffic,
-        )
-        return backend.with_options(config.decoding)
-    from router.litellm_backend import LiteLLMBackend
-
-    return LiteLLMBackend(config.model, api_base=config.api_base, api_key=config.api_key, timeout_s=config.timeout_s)
+    backend = DSparkBackend.from_pretrained(
+        config.model,
+        device=config.device,
+        dtype=config.dtype,
+        drafter=config.drafter,
+        drafter_path=config.drafter_path,
+        limits=batch_limits(config),
+        threads=config.threads,
+        traffic=config.traffic,
+    )
+    return backend.with_options(config.decoding)
 
 
 def batch_limits(config: PoolConfig):
