@@ -14,6 +14,7 @@ import pytest
 from backends.corpus.subtasks import generate_subtasks, write_jsonl
 from benchmarks.route import cross_validate
 from classifiers import DEFAULT_MARGIN, DEFAULT_MEASUREMENTS
+from classifiers.gain import THRESHOLD_GRID
 from classifiers.model import DeterminismClassifier
 from classifiers.records import read_measurements, write_measurements
 from router.cli import main
@@ -75,7 +76,9 @@ def test_retraining_from_the_log_saves_a_classifier(trained):
     classifier = DeterminismClassifier.load(out)
     assert classifier.margin == margin
     assert (classifier.info["train_subtasks"], classifier.info["val_subtasks"]) == (2, 2)
-    assert classifier.info["route_threshold_folds"] == 4 and 0.0 < classifier.threshold < 1.0  # one per template
+    # one fold per template; the threshold is the grid's that saved the most time on the tiny model's timed
+    # speedups, which are noise: 0.0 where DSpark happened to win every subtask
+    assert classifier.info["route_threshold_folds"] == 4 and classifier.threshold in THRESHOLD_GRID
 
 
 def test_retraining_from_a_log_keeps_the_curve_of_the_machine_that_measured_it(calibrated, trained, tmp_path):
