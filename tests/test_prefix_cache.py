@@ -101,3 +101,6 @@ def test_the_memory_cap_holds_and_the_least_recently_used_prompt_goes_first():
     assert cache.longest(None, prompts[-1][:MIN_SHARED], states=False) is None  # the last token always runs
     assert cache.longest(None, prompts[-1], states=True) is None  # kept without states
     assert cache.longest("other", prompts[-1], states=False) is None
+    assert not cache.keeps(None, prompts[-1], states=False)  # kept already
+    assert cache.keeps(None, prompts[-1], states=True)  # kept without the states a drafter's prefill brings
+    assert not cache.keeps(None, prompts[-1][:MIN_SHARED], states=False)  # too short to share

@@ -49,15 +49,17 @@ class PackedKV(BatchRows):
             self.lengths.append(0 if hit is None else hit.shared)
             self.caches.append(self.model.new_cache(len(prompt) + FIRST_ROOM))
             if hit is not None:
-                PrefixCache.copy_into(hit, self.caches[-1])
+                self.model.copy_positions(hit.prefix.cache, self.caches[-1], hit.shared)
         rows = list(range(first, self.rows))
         rest = [prompt[self.lengths[r] :] for r, prompt in zip(rows, prompts)]
         outputs = self._forward(rows, rest, hidden_states, last_logits=True)
         for i, (r, scope, prompt, hit) in enumerate(zip(rows, scopes, prompts, hits)):
             if hit is not None:
                 outputs[i] = self._joined(outputs[i], hit)
-            if self.prefixes is not None:
-                self.prefixes.add(scope, prompt, self.caches[r], outputs[i].hidden_states)
+            states = outputs[i].hidden_states
+            if self.prefixes is not None and self.prefixes.keeps(scope, prompt, states is not None):
+                copy = self.model.grown_cache(self.caches[r], len(prompt), len(prompt))
+                self.prefixes.add(scope, prompt, copy, states)
         return outputs
 
     def _start_from_cache(self, scope: str | None, prompt: list[int], hidden_states: bool) -> Hit | None:

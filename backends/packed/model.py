@@ -124,11 +124,19 @@ class PackedLlama:
         self, cache: tuple[torch.Tensor, torch.Tensor], length: int, capacity: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A cache with room for ``capacity`` positions holding ``cache``'s first ``length``."""
-        keys, values = self.new_cache(capacity)
+        grown = self.new_cache(capacity)
+        self.copy_positions(cache, grown, length)
+        return grown
+
+    @staticmethod
+    def copy_positions(
+        source: tuple[torch.Tensor, torch.Tensor], target: tuple[torch.Tensor, torch.Tensor], length: int
+    ) -> None:
+        """``source``'s first ``length`` positions into ``target``'s (with the rest of a partly filled key chunk,
+        which the target's own next positions write over)."""
         chunks = -(-length // KEY_CHUNK)
-        keys[:, :, :chunks] = cache[0][:, :, :chunks]
-        values[:, :, :length] = cache[1][:, :, :length]
-        return keys, values
+        target[0][:, :, :chunks] = source[0][:, :, :chunks]
+        target[1][:, :, :length] = source[1][:, :, :length]
 
     @staticmethod
     def capacity(cache: tuple[torch.Tensor, torch.Tensor]) -> int:

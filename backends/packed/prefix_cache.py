@@ -23,26 +23,22 @@ from dataclasses import dataclass
 
 import torch
 
-from backends.packed.model import KEY_CHUNK
-
 MIN_SHARED = 16
 """The shortest prefix worth copying: below it a prefill saves less than the copy and the lookup cost."""
 
 
 @dataclass(frozen=True)
 class Prefix:
-    """A kept prompt: its tokens, keys [layers, kv_heads, chunks, head_dim, 16] and values [layers, kv_heads, n,
-    head_dim] of its n positions, and (where its prefill asked for them) the states of the kept layers, [n, hidden]
-    each."""
+    """A kept prompt: its tokens, a cache (keys, values) of its positions and (where its prefill asked for them) the
+    states of the kept layers, [n, hidden] each."""
 
     tokens: tuple[int, ...]
-    keys: torch.Tensor
-    values: torch.Tensor
+    cache: tuple[torch.Tensor, torch.Tensor]
     states: dict[int, torch.Tensor] | None
 
     @property
     def nbytes(self) -> int:
-        tensors = [self.keys, self.values, *(self.states or {}).values()]
+        tensors = [*self.cache, *(self.states or {}).values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
@@ -80,6 +76,12 @@ class PrefixCache:
             self._prefixes.move_to_end((scope, best.prefix.tokens))
         return best
 
+    def keeps(self, scope: str | None, prompt: list[int], states: bool) -> bool:
+        """Whether :meth:`add` would keep this prompt: one long enough to share and not kept yet (or kept without
+        the states its prefill now brings)."""
+        known = self._prefixes.get((scope, tuple(prompt)))
+        return len(prompt) > MIN_SHARED and (known is None or (states and known.states is None))
+
     def add(
         self,
         scope: str | None,
@@ -87,32 +89,20 @@ class PrefixCache:
         cache: tuple[torch.Tensor, torch.Tensor],
         states: Sequence[torch.Tensor] | None,
     ) -> None:
-        """Keep a prefilled prompt: copies of its positions in ``cache`` and, from ``states`` (per layer, [1, n,
-        hidden]), of the kept layers'. A prompt too short to share, or larger than the whole cache, is not kept."""
-        n, key = len(prompt), (scope, tuple(prompt))
-        known = self._prefixes.get(key)
-        if n <= MIN_SHARED or (known is not None and (known.states is not None or states is None)):
-            return
-        if known is not None:  # kept without the states this prefill brings
-            self.nbytes -= self._prefixes.pop(key).nbytes
-        chunks = -(-n // KEY_CHUNK)
-        kept = None if states is None else {layer: states[layer][0, :n].clone() for layer in self.state_layers}
-        prefix = Prefix(key[1], cache[0][:, :, :chunks].clone(), cache[1][:, :, :n].clone(), kept)
+        """Keep a prefilled prompt that :meth:`keeps` wants: ``cache``, a copy of its positions, and from
+        ``states`` (per layer, [1, n, hidden]) copies of the kept layers'. One larger than the whole cache is not
+        kept."""
+        key = (scope, tuple(prompt))
+        kept = None if states is None else {layer: states[layer][0].clone() for layer in self.state_layers}
+        prefix = Prefix(key[1], cache, kept)
         if prefix.nbytes > self.max_bytes:
             return
+        known = self._prefixes.pop(key, None)  # kept without the states this prefill brings
+        self.nbytes += prefix.nbytes - (known.nbytes if known is not None else 0)
         self._prefixes[key] = prefix
-        self.nbytes += prefix.nbytes
         while self.nbytes > self.max_bytes:
             _, evicted = self._prefixes.popitem(last=False)
             self.nbytes -= evicted.nbytes
-
-    @staticmethod
-    def copy_into(hit: Hit, cache: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """The hit's shared positions into a new request's ``cache`` (the rest of a partly shared key chunk is
-        written over by the newcomer's own positions)."""
-        chunks = -(-hit.shared // KEY_CHUNK)
-        cache[0][:, :, :chunks] = hit.prefix.keys[:, :, :chunks]
-        cache[1][:, :, : hit.shared] = hit.prefix.values[:, :, : hit.shared]
 
 
 def _common_start(a: Sequence[int], b: Sequence[int], limit: int) -> int:
