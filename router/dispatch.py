@@ -28,7 +28,7 @@ from router.metrics import RouterMetrics
 from router.pool import WAIT_GRACE_S, Pool
 from router.records import DecisionLog
 from router.request import RoutedRequest
-from router.templates import TemplateSpeeds, template_key
+from router.templates import TemplateSpeeds
 
 OnDelta = Callable[[str, Decision], None]
 
@@ -119,7 +119,6 @@ class Flight:
         self._first_delta_at: float | None = None
         self._attempt: Future[GenerationResult] | None = None
         self._cancelled = False
-        self.template = template_key(routed) if dispatcher.templates is not None else None
 
     def cancel(self) -> None:
         """Stop the request for a caller that went away: an attempt still queued leaves its pool's queue now, a
@@ -153,8 +152,8 @@ class Flight:
             attempt = self._submit_to_decided_pool()
         self._attempt = attempt
         attempt.add_done_callback(self._attempt_done)
-        if d.templates is not None and self.template is not None:
-            d.templates.seen(self.template)
+        if d.templates is not None and self.routed.template is not None:
+            d.templates.seen(self.routed.template)
 
     def _submit_to_decided_pool(self) -> Future[GenerationResult]:
         """The request as the decision's pool decodes it (its defaults and cap), recorded in the decision first,
@@ -239,7 +238,7 @@ class Flight:
         self.dispatcher.metrics.finished(self.decision, measured)
         if self.dispatcher.templates is not None:
             self.dispatcher.templates.observe(
-                self.template, self.decision.pool, result.stats.wall_time_s, result.usage.completion_tokens
+                self.routed.template, self.decision.pool, result.stats.wall_time_s, result.usage.completion_tokens
             )
         stats = {self.decision.pool: _pool_stats(result, kind)}
         fields = {"measured": measured, "finish_reason": result.finish_reason, "usage": result.usage}

@@ -23,7 +23,7 @@ from router.config import PolicyConfig, Rule, RuleMatch, TenantOverride
 from router.decisions import Decision
 from router.errors import ConfigError, RoutingError
 from router.request import RoutedRequest
-from router.templates import TemplateSpeeds, blended, template_key
+from router.templates import TemplateSpeeds, blended
 
 if TYPE_CHECKING:
     from classifiers import Scorer
@@ -126,7 +126,7 @@ class Policy:
         """The pool the request is expected to finish on first, from the classifier's expected speedup moved towards
         what its template measured; a repeated template DSpark never answered goes there to be measured."""
         speedup = self._expected_speedup(routed)
-        key = template_key(routed) if self.templates is not None else None
+        key = routed.template if self.templates is not None else None
         if key is not None and self.templates.probe(key):
             pool = self.config.dspark_pool
             reason = "a repeated template the DSpark pool has not answered yet: measured there"

@@ -11,10 +11,12 @@ The SDK, the litellm provider and the REST gateway all come through here, so a b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from backends.errors import InvalidRequestError
@@ -79,6 +81,18 @@ class RoutedRequest:
         if self.principal is None:
             return self.tenant
         return json.dumps([self.principal, self.tenant])
+
+    @cached_property
+    def template(self) -> str | None:
+        """The request's template (:mod:`router.templates`): its cache scope with its system messages, response
+        format and tools, hashed; None where it has none of the three (its text alone is no template). Kept once
+        computed: the policy and the dispatcher both read it."""
+        request = self.request
+        system = [m.model_dump(exclude_none=True) for m in request.messages or [] if m.role in ("system", "developer")]
+        if not system and not request.response_format and not request.tools:
+            return None
+        parts = [self.cache_scope, system, request.response_format, request.tools]
+        return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
     @property
     def last_user_text(self) -> str:

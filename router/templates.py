@@ -3,7 +3,8 @@
 An agent sends many requests of one template (the same system prompt, schema or tool, different content), and the
 DSpark pool learns the template as it answers it: its traffic cache drafts the next answers from the earlier ones
 (:mod:`backends.dspark.traffic`), so a template's speedup grows with its requests, which the classifier cannot see
-in one request's text. The router keeps, per template, the seconds per output token each pool took (the backend's
+in one request's text. The router keeps, per template (:attr:`~router.request.RoutedRequest.template`: the
+tenant's system prompt, schema and tools), the seconds per output token each pool took (the backend's
 own timing, no queue), and the expected-time policy weighs the measured speedup against the classifier's from the
 second measured DSpark answer on (:meth:`TemplateSpeeds.speedup`). A template no DSpark answer measured is judged by
 the classifier, as any cold request; one the router has seen :data:`PROBE_AFTER` times and DSpark never answered
@@ -16,13 +17,9 @@ traffic taught the pool says nothing of another's. Bounded: the least recently s
 
 from __future__ import annotations
 
-import hashlib
-import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-
-from router.request import RoutedRequest
 
 MIN_MEASURED = 2
 """DSpark answers of a template before its measured speedup counts: one answer is mostly its own content."""
@@ -35,17 +32,6 @@ MOST_WEIGHT = 16
 WEIGHT = 0.25
 """How far each new answer moves a template's seconds per token: about the last eight answers count."""
 MAX_TEMPLATES = 4096
-
-
-def template_key(routed: RoutedRequest) -> str | None:
-    """The request's template: its cache scope with its system messages, response format and tools; None where it
-    has none of the three (its text alone is no template)."""
-    request = routed.request
-    system = [m.model_dump(exclude_none=True) for m in request.messages or [] if m.role in ("system", "developer")]
-    if not system and not request.response_format and not request.tools:
-        return None
-    parts = [routed.cache_scope, system, request.response_format, request.tools]
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
 
 
 @dataclass

@@ -12,7 +12,7 @@ from router.config import PolicyConfig
 from router.expected_time import LoadEstimator, PoolCost, PoolSide
 from router.policy import Policy
 from router.request import parse_openai_args
-from router.templates import MAX_TEMPLATES, MIN_MEASURED, PROBE_AFTER, TemplateSpeeds, blended, template_key
+from router.templates import MAX_TEMPLATES, MIN_MEASURED, PROBE_AFTER, TemplateSpeeds, blended
 from tests.test_router_support import config_data, make_router, router_models  # noqa: F401
 from tests.test_routing_load import CURVE, IDLE, POOLS, GainScorer
 
@@ -37,20 +37,20 @@ def _policy(templates: TemplateSpeeds) -> Policy:
 
 
 def test_a_template_is_its_scope_system_prompt_schema_and_tools_not_its_content():
-    assert template_key(_routed("ticket one")) == template_key(_routed("ticket two, other words"))
-    assert template_key(_routed("ticket one")) != template_key(_routed("ticket one", tenant="acme"))
+    assert _routed("ticket one").template == _routed("ticket two, other words").template
+    assert _routed("ticket one").template != _routed("ticket one", tenant="acme").template
     other = {"role": "system", "content": "You translate tickets."}
-    assert template_key(_routed("ticket one")) != template_key(_routed("ticket one", system=other))
-    assert template_key(_routed("ticket one", system=None)) is None
+    assert _routed("ticket one").template != _routed("ticket one", system=other).template
+    assert _routed("ticket one", system=None).template is None
     schema = {"type": "json_schema", "json_schema": {"name": "t", "schema": {"type": "object"}}}
     with_schema = parse_openai_args({"messages": [{"role": "user", "content": "x"}], "response_format": schema}, POOLS)
-    assert template_key(with_schema) is not None
+    assert with_schema.template is not None
 
 
 def test_a_cold_template_is_judged_by_the_classifier_then_probed_then_routed_by_what_it_measured():
     templates = TemplateSpeeds("dspark", "standard")
     chosen = _policy(templates)
-    key = template_key(_routed("a ticket"))
+    key = _routed("a ticket").template
     for i in range(PROBE_AFTER):
         decision = chosen.decide(_routed(f"ticket {i}"))
         assert (decision.pool, decision.rule) == ("standard", "time_saved")
@@ -73,7 +73,7 @@ def test_a_cold_template_is_judged_by_the_classifier_then_probed_then_routed_by_
 
 def test_a_template_dspark_answered_slowly_goes_back_to_the_standard_pool():
     templates = TemplateSpeeds("dspark", "standard")
-    key = template_key(_routed("a ticket"))
+    key = _routed("a ticket").template
     for _ in range(PROBE_AFTER + 1):
         templates.seen(key)
     for _ in range(MIN_MEASURED):
@@ -106,5 +106,5 @@ def test_the_router_counts_and_measures_a_template_and_probes_it_on_dspark(route
         pools = [router.complete(**body).decision.pool for _ in range(PROBE_AFTER + MIN_MEASURED + 1)]
         assert pools[:PROBE_AFTER] == ["standard"] * PROBE_AFTER
         assert "dspark" in pools[PROBE_AFTER:]
-        key = template_key(_routed("the printer jams"))
+        key = _routed("the printer jams").template
         assert router.policy.templates.speedup(key) is not None
