@@ -54,6 +54,13 @@ def cpu_generation() -> str | None:
     return f"family {fields['cpu family']} model {fields['model']}"
 
 
+def cpu_chip() -> str:
+    """The CPU as a cost curve's key and a benchmark's figures name it: its model name and, where known, its
+    family and model numbers, so one "AMD EPYC" (a Zen 1) never lends its curve to another (a Zen 3)."""
+    generation = cpu_generation()
+    return f"{cpu_name()} ({generation})" if generation else cpu_name()
+
+
 @cache
 def cpu_has_bf16() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AMX or AVX-512 BF16): elsewhere bfloat16 is emulated and

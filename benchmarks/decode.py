@@ -42,7 +42,7 @@ from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
 from backends.dspark.heads import CONFIG_FILE as HEADS_CONFIG_FILE
 from backends.dspark.profile import measure_round
 from backends.loading import LoadedModel, prompt_ids
-from backends.precision import cpu_name
+from backends.precision import cpu_chip
 from backends.progress import JobProgress
 from backends.training.drafter import REPORT_FILE as TRAIN_REPORT_FILE
 from backends.types import DSparkOptions, GenerationRequest, SpanStats
@@ -371,7 +371,7 @@ def run_benchmark(
         "drafters_path": str(drafters_path),
         "dtype": str(contenders.dspark.loaded.precision).removeprefix("torch."),
         "gguf": str(gguf) if gguf is not None else None,
-        "cpu": cpu_name(),
+        "cpu": cpu_chip(),
         "drafters": variants,
         "contenders": list(runners),
         "prompts": total,

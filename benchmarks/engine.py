@@ -39,7 +39,7 @@ from backends.default_model import DEFAULT_MODEL
 from backends.engine import batch_kv
 from backends.loading import LoadedModel, load_model
 from backends.packed.pool import default_threads
-from backends.precision import cpu_has_bf16, cpu_name
+from backends.precision import cpu_chip, cpu_has_bf16
 from backends.progress import JobProgress
 from benchmarks.engine_host import format_lines
 from benchmarks.engine_host import measure as measure_host
@@ -142,7 +142,7 @@ def measure(model: Path, repeats: int) -> dict:
     engines = {"packed": "gguf", "transformers_float32": "float32"}
     if cpu_has_bf16():
         engines["transformers_bfloat16"] = "bfloat16"
-    report: dict = {"cpu": cpu_name(), "threads": default_threads(), "context": CONTEXT, "engines": {}}
+    report: dict = {"cpu": cpu_chip(), "threads": default_threads(), "context": CONTEXT, "engines": {}}
     for name, dtype in engines.items():
         loaded = load_model(model, device="cpu", dtype=dtype)
         costs = forward_costs(loaded, repeats)

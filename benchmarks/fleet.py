@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from backends.errors import InvalidRequestError
-from backends.precision import cpu_name
+from backends.precision import cpu_chip
 from backends.progress import JobProgress
 from benchmarks import fleet_plots
 from benchmarks.fleet_policies import POLICIES, Fleet, Judged, carried_speedups, classifier_scorers, simulate
@@ -220,7 +220,7 @@ def run_benchmark(settings: Settings) -> dict:
     keys = [f"{load:g}" for load in settings.loads]
     simulated = len(settings.loads) * len(settings.policies) * trace.subtasks
     return {
-        "machine": {"cpu": cpu_name(), "cpus": os.cpu_count(), "cores_used": 1},
+        "machine": {"cpu": cpu_chip(), "cpus": os.cpu_count(), "cores_used": 1},
         "profile": {
             "name": profile.name,
             "description": profile.description,

@@ -23,7 +23,7 @@ from backends.default_model import DEFAULT_DRAFTERS, DEFAULT_MODEL
 from backends.dspark.curves import machine_parts
 from backends.loading import resolve_precision
 from backends.packed.build import kernels_name
-from backends.precision import QUANTIZED_PRECISION, cpu_generation, cpu_name
+from backends.precision import QUANTIZED_PRECISION, cpu_chip
 
 PUBLISHED = Path(__file__).with_name("published.md")
 
@@ -791,8 +791,7 @@ SECTIONS: tuple[Section, ...] = (
 
 
 def machine() -> str:
-    generation = cpu_generation()
-    cpu = f"{cpu_name()} ({generation})" if generation else cpu_name()
+    cpu = cpu_chip()
     precision = resolve_precision("auto", torch.device("cpu"), DEFAULT_MODEL)
     served = (
         f"its GGUF's blocks (the packed engine, {kernels_name()} kernels)"
