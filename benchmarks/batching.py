@@ -52,6 +52,17 @@ def workload(prompts: Path | None, per_set: int, max_tokens: int) -> list[Genera
     return [request for row in mixed for request in row if request is not None]
 
 
+def trace_workload(per_job: int, seed: int) -> list[GenerationRequest]:
+    """An agent's templated traffic: ``per_job`` requests of every job of ``bench trace`` (each with its own
+    ``max_tokens``), the jobs interleaved. A seed per concurrency level draws each level's contents anew, so a
+    DSpark pool does not draft a level's answers from the same requests' answers at the level before (jobs whose
+    contents come from short lists repeat some, as an agent's traffic and bench trace do)."""
+    from benchmarks.trace_jobs import JOBS, requests
+
+    rows = zip(*(requests(job, per_job, seed) for job in JOBS))
+    return [GenerationRequest(**body) for row in rows for body in row]
+
+
 def closed_loop(complete: Complete, requests: list[GenerationRequest], clients: int, window_s: float) -> dict:
     """``clients`` threads sending requests back to back until the window closes; answers still in flight then
     are waited for and counted."""
@@ -172,24 +183,30 @@ def transformers_serve_contender(model: Path, threads: int) -> Iterator[Complete
 
 def run_benchmark(
     model: Path,
-    requests: list[GenerationRequest],
+    workload_at: Callable[[int], list[GenerationRequest]],
     levels: list[int],
     contenders: list[str],
     window_s: float,
     threads: int,
     device: str = "cpu",
+    mix: str = "held-out",
 ) -> dict:
+    """Every contender at every level, in turn; ``workload_at(level)`` is the requests the clients cycle through
+    at that level."""
     local = LocalContenders(model, max(levels), device)
-    requests, dropped = fitting(local.backends["batched"].loaded, requests)
+    loaded = local.backends["batched"].loaded
+    workloads = {level: fitting(loaded, workload_at(level)) for level in levels}
+    requests = workloads[levels[0]][0]
     report: dict = {
         "model": str(model),
         "drafter": local.drafter,
         "lookup": local.lookup,
+        "mix": mix,
         "window_s": window_s,
-        "max_tokens": requests[0].max_tokens,
+        "max_tokens": max(r.max_tokens for r in requests),
         "threads": threads,
         "workload": len(requests),
-        "dropped_too_long": dropped,
+        "dropped_too_long": sum(dropped for _, dropped in workloads.values()),
         "concurrency": {},
     }
     serve = transformers_serve_contender(model, threads) if "transformers_serve" in contenders else None
@@ -200,6 +217,7 @@ def run_benchmark(
             local.rest(name)
         for level in levels:
             row: dict = {}
+            requests = workloads[level][0]
             for name in contenders:
                 complete = served if name == "transformers_serve" else local.complete(name)
                 before = len(local.budgets.get(name, []))
@@ -266,7 +284,15 @@ def plot(report: dict, contenders: list[str], path: Path) -> None:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
     parser.add_argument("--prompts", type=Path, help="a folder of *.jsonl prompt sets (e.g. ../shared/data/prompts)")
-    parser.add_argument("--per-set", type=int, default=8, help="requests per held-out category and prompt set")
+    parser.add_argument(
+        "--mix",
+        choices=("held-out", "trace"),
+        default="held-out",
+        help="held-out subtasks and --prompts, or an agent's templated traffic (bench trace's jobs interleaved)",
+    )
+    parser.add_argument(
+        "--per-set", type=int, default=8, help="requests per held-out category and prompt set, or per trace job"
+    )
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)), help="comma-separated levels")
     parser.add_argument(
         "--contenders", default=",".join(CONTENDERS), help="comma-separated, of: " + ",".join(CONTENDERS)
@@ -287,8 +313,14 @@ def run(args: argparse.Namespace) -> int:
     if unknown or not contenders:
         raise SystemExit(f"bench batching: unknown contenders {unknown}; choose from {', '.join(CONTENDERS)}")
     levels = [int(c) for c in args.concurrency.split(",")]
-    requests = workload(args.prompts, args.per_set, args.max_tokens)
-    report = run_benchmark(args.model, requests, levels, contenders, args.window, torch.get_num_threads(), args.device)
+    held_out = None if args.mix == "trace" else workload(args.prompts, args.per_set, args.max_tokens)
+
+    def workload_at(level: int) -> list[GenerationRequest]:
+        return trace_workload(args.per_set, seed=level) if held_out is None else held_out
+
+    report = run_benchmark(
+        args.model, workload_at, levels, contenders, args.window, torch.get_num_threads(), args.device, args.mix
+    )
     print_table(report, contenders)
     write_json(args.json, report)
     if args.plot:

@@ -332,25 +332,44 @@ def structured(data: dict, results: Path, base: Path) -> str:
     )
 
 
+MIXES = {
+    "held-out": "held-out subtasks and shared prompts",
+    "trace": "an agent's templated traffic: bench trace's jobs interleaved, other contents at each level",
+}
+
+
 def batching(data: dict, results: Path, base: Path) -> str:
-    contenders = ("batched", "sequential", "dspark_scheduled", "dspark_fixed", "transformers_serve")
+    """``bench batching`` on one mix: each contender it ran, by concurrency (the trace mix runs two of them)."""
+    names = {
+        "batched": "batched",
+        "sequential": "one at a time",
+        "dspark_scheduled": "DSpark scheduled",
+        "dspark_fixed": "DSpark fixed",
+        "transformers_serve": "transformers serve",
+    }
+    ran = [name for name in names if any(f"{name}_tokens_per_s" in entry for entry in data["concurrency"].values())]
     rows = []
     for level, entry in data["concurrency"].items():
         row: list[Cell] = [level]
-        for name in contenders:
+        for name in ran:
             total, each = entry.get(f"{name}_tokens_per_s"), entry.get(f"{name}_per_request_tokens_per_s")
             row.append(None if total is None else f"{total:,.0f} ({each:,.0f})")
+        if {"batched", "dspark_scheduled"} <= set(ran):
+            row.append(entry["dspark_scheduled_tokens_per_s"] / entry["batched_tokens_per_s"])
         row.append(entry.get("dspark_scheduled_mean_verify_budget"))
         rows.append(row)
-    headers = ["C", "batched", "one at a time", "DSpark scheduled", "DSpark fixed", "transformers serve", "budget"]
+    ratio = ["DSpark over batched"] if {"batched", "dspark_scheduled"} <= set(ran) else []
+    headers = ["C", *(names[name] for name in ran), *ratio, "budget"]
+    mix = data.get("mix", "held-out")
+    figure = "batching.png" if mix == "held-out" else f"batching-{mix}.png"  # as the suite names each step's plot
     return "\n\n".join(
         [
             f"Closed loop of C clients, {data['window_s']:g} s per contender and level, {data['workload']} "
-            f"requests (held-out subtasks and shared prompts), greedy, at most {data['max_tokens']} tokens, "
+            f"requests ({MIXES[mix]}), greedy, at most {data['max_tokens']} tokens, "
             f"{data['threads']} threads, drafter `{data['drafter']}`. Total tokens/s (per-request tokens/s); "
             "budget: mean draft tokens verified per request and round, scheduled.",
             table(headers, rows),
-            _image(results, "batching.png", base, "throughput against per-request speed"),
+            _image(results, figure, base, "throughput against per-request speed"),
         ]
     )
 
@@ -756,6 +775,7 @@ def trace(data: dict, results: Path, base: Path) -> str:
             f"{cache['answers']} answers, {cache['tokens']:,} tokens, {cache['memory_mb']:.2f} MB; inserting a token "
             f"{cache['insert_us_per_token']:.1f} us, a draft {cache['speculate_us']:.0f} us (Python).",
             *([_routed_trace(data["auto"])] if "auto" in data else []),
+            *([_llama_lookup_trace(data)] if "llama_lookup" in data else []),
             _image(results, "trace.png", base, "the agent trace by position within a job"),
         ]
     )
@@ -773,6 +793,53 @@ def _routed_trace(auto: dict) -> str:
     )
 
 
+def _llama_lookup_trace(data: dict) -> str:
+    """llama.cpp's lookup decoding on the same trace, beside ours: tokens a forward and speed over plain decoding,
+    each in its own engine."""
+    peer, warm = data["llama_lookup"], data["warm"]
+    rows = [
+        [
+            name,
+            job["late"]["tokens_per_forward"],
+            job["late"]["speedup"],
+            peer["jobs"][name]["early_tokens_per_forward"],
+            peer["jobs"][name]["late_tokens_per_forward"],
+            peer["jobs"][name]["plain_tokens_per_s"],
+            peer["jobs"][name]["late_tokens_per_s"],
+            peer["jobs"][name]["late_speedup"],
+        ]
+        for name, job in data["summary"]["jobs"].items()
+        if name in peer["jobs"]
+    ]
+    return "\n\n".join(
+        [
+            "llama.cpp's lookup decoding on the same requests (`llama-lookup`, built by `make llama-lookup` from the "
+            "pinned llama-cpp-python source with the Makefile's flags): on the same GGUF and threads, greedy, the "
+            "same chat-templated prompt and JSON schema, drafting from n-grams of the prompt, its output and one "
+            "dynamic cache file a job's requests share (llama.cpp's way of drafting from the traffic). Its speed is "
+            "its decoding loop's, against the same binary drafting nothing (plain llama.cpp) on the late requests; "
+            "ours is the DSpark pool's over the standard pool's, through the gateway, prompts included.",
+            table(
+                [
+                    "job",
+                    "DSpark later: tok/fwd",
+                    "over standard",
+                    f"llama-lookup first {warm}: tok/fwd",
+                    "later: tok/fwd",
+                    "llama.cpp plain tok/s",
+                    "llama-lookup tok/s",
+                    "over plain",
+                ],
+                rows,
+            ),
+            f"Over jobs, from request {warm + 1} on: llama-lookup {peer['late_tokens_per_forward']:.2f} tokens a "
+            f"forward, {peer['late_speedup']:.2f}x plain llama.cpp"
+            + ("" if peer["prompts_read_alike"] else " (some prompts tokenized to other ids there)")
+            + ".",
+        ]
+    )
+
+
 Section = tuple[str, str, Callable[[dict, Path, Path], str]]
 SECTIONS: tuple[Section, ...] = (
     ("engine", "The engine's forward", engine),
@@ -781,6 +848,7 @@ SECTIONS: tuple[Section, ...] = (
     ("copies", "Copied blocks on every stored curve", copies),
     ("structured", "Structured output", structured),
     ("batching", "Batching", batching),
+    ("batching-trace", "Batching an agent's templated traffic", batching),
     ("route", "Routing quality", route),
     ("workload", "The agent workload", workload),
     ("fleet", "A simulated fleet", fleet),

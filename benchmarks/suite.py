@@ -27,16 +27,22 @@ SUITE_FILE = "suite.json"
 @dataclass(frozen=True)
 class Step:
     name: str
+    """The step's name: its report section's, its results' file name's, and the benchmark's unless ``bench`` says."""
     arguments: tuple[str, ...]
     """With ``{results}`` for the results folder."""
+    bench: str | None = None
+    """The benchmark it runs, where one benchmark is a step twice on different workloads."""
 
     def argv(self, results: Path) -> list[str]:
         return [argument.format(results=results) for argument in self.arguments]
 
+    def subcommand(self) -> str:
+        return self.bench or self.name
+
     def command(self) -> str:
         """As a person would type it from the repository root."""
         shown = self.argv(Path("benchmarks/results"))
-        return " ".join(["dspark-router", "bench", self.name, *shown])
+        return " ".join(["dspark-router", "bench", self.subcommand(), *shown])
 
 
 SUITE: tuple[Step, ...] = (
@@ -58,6 +64,15 @@ SUITE: tuple[Step, ...] = (
             *("--prompts", PROMPTS, "--per-set", "3", "--window", "10", "--concurrency", "1,4,16"),
             *("--json", "{results}/batching.json", "--plot", "{results}/batching.png"),
         ),
+    ),
+    Step(
+        "batching-trace",
+        (
+            *("--mix", "trace", "--per-set", "6", "--window", "10", "--concurrency", "4,16"),
+            *("--contenders", "batched,dspark_scheduled"),
+            *("--json", "{results}/batching-trace.json", "--plot", "{results}/batching-trace.png"),
+        ),
+        bench="batching",
     ),
     Step("workload", ("--json", "{results}/workload.json", "--plots", "{results}/workload")),
     Step("fleet", ("--json", "{results}/fleet.json", "--plots", "{results}/fleet")),
@@ -90,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
         for step in (s for s in SUITE if s.name in chosen):
             print(f"== bench {step.name}", flush=True)
             started = time.perf_counter()
-            code = subprocess.call([sys.executable, "-m", "router", "bench", step.name, *step.argv(args.results)])
+            command = [sys.executable, "-m", "router", "bench", step.subcommand(), *step.argv(args.results)]
+            code = subprocess.call(command)
             runs.setdefault("benchmarks", {})[step.name] = {
                 "command": step.command(),
                 "seconds": round(time.perf_counter() - started, 1),

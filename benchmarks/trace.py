@@ -21,6 +21,7 @@ import argparse
 import http.client
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -127,6 +128,64 @@ def prompt_lookup(jobs: list[str], count: int, per_job: int) -> dict[str, float]
     return result
 
 
+def llama_lookup(jobs: list[str], count: int, progress: Any) -> dict[str, Any]:
+    """llama.cpp's lookup decoding (:mod:`benchmarks.llama_lookup`) on every request of each job, drafting from one
+    n-gram cache per job, and plain llama.cpp (the same binary, no drafts) on the late ones: per job, tokens a
+    forward early and late, and tokens per second of both late; by position, tokens a forward."""
+    from backends.convert import packaged_gguf
+    from backends.default_model import DEFAULT_MODEL
+    from backends.loading import load_model, prompt_ids
+    from backends.packed.pool import default_threads
+    from backends.types import GenerationRequest
+    from benchmarks.llama_lookup import run_lookup
+
+    tokenizer_of = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
+    gguf, threads = packaged_gguf(), default_threads()
+    runs: dict[str, list] = {}
+    plain: dict[str, list] = {}
+    prompts_read_alike = True
+    task = progress.add_job("bench trace (llama-lookup)", total=len(jobs) * count)
+    with tempfile.TemporaryDirectory() as folder:
+        for job in (j for j in JOBS if j.name in jobs):
+            cache = Path(folder) / f"{job.name}.bin"
+            runs[job.name], plain[job.name] = [], []
+            for i, body in enumerate(requests(job, count)):
+                request = GenerationRequest(**body)
+                ids = prompt_ids(tokenizer_of, request)
+                prompt = tokenizer_of.tokenizer.decode(ids, skip_special_tokens=False)
+                run = run_lookup(gguf, prompt, request, cache, threads)
+                prompts_read_alike &= run.prompt_tokens == len(ids)
+                runs[job.name].append(run)
+                if i >= WARM:  # a cache file of its own, thrown away: plain decoding must not feed the job's
+                    throwaway = Path(folder) / "plain.bin"
+                    plain[job.name].append(run_lookup(gguf, prompt, request, throwaway, threads, draft_tokens=0))
+                    throwaway.unlink(missing_ok=True)
+                progress.step(task, status=f"{job.name} {i + 1}")
+    per_forward = lambda rs: sum(r.decoded for r in rs) / sum(r.forwards for r in rs)  # noqa: E731
+    rate = lambda rs: sum(r.decoded for r in rs) / sum(r.seconds for r in rs)  # noqa: E731
+    summary = {
+        name: {
+            "early_tokens_per_forward": per_forward(job_runs[:WARM]),
+            "late_tokens_per_forward": per_forward(job_runs[WARM:]),
+            "late_tokens_per_s": rate(job_runs[WARM:]),
+            "plain_tokens_per_s": rate(plain[name]),
+            "late_speedup": rate(job_runs[WARM:]) / rate(plain[name]),
+        }
+        for name, job_runs in runs.items()
+        if job_runs[WARM:]
+    }
+    return {
+        "jobs": summary,
+        "late_tokens_per_forward": statistics.mean(j["late_tokens_per_forward"] for j in summary.values()),
+        "late_speedup": statistics.mean(j["late_speedup"] for j in summary.values()),
+        "by_position": [
+            statistics.mean(job_runs[i].decoded / job_runs[i].forwards for job_runs in runs.values())
+            for i in range(min(map(len, runs.values())))
+        ],
+        "prompts_read_alike": prompts_read_alike,
+    }
+
+
 def cache_costs(runs: dict[str, dict[str, list]]) -> dict[str, float]:
     """The trace's DSpark answers inserted into a fresh cache, and a draft asked after every token of each: the
     microseconds a token's insertion and a draft cost, and the memory the cache holds."""
@@ -207,10 +266,10 @@ def show(report: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    console = Console(width=80)
     table = Table(title=f"Agent trace through the gateway: from request {WARM + 1} of a job on (first {WARM})")
-    for column in ("job", "tok/fwd", "DSpark tok/s", "standard", "speedup", "first 8", "prompt lookup"):
+    for column in ("job", "tok/fwd", "DSpark tok/s", "standard", "speedup", "first 8"):
         table.add_column(column, justify="left" if column == "job" else "right")
-    lookup = report.get("prompt_lookup_tokens_per_forward", {})
     for name, job in report["summary"]["jobs"].items():
         late, early = job["late"], job["early"]
         table.add_row(
@@ -220,9 +279,7 @@ def show(report: dict[str, Any]) -> None:
             f"{late['standard_tokens_per_s']:.0f}",
             f"{late['speedup']:.2f}x",
             f"{early['speedup']:.2f}x",
-            f"{lookup[name]:.2f}" if name in lookup else "-",
         )
-    console = Console(width=80)
     console.print(table)
     s = report["summary"]
     console.print(
@@ -230,6 +287,7 @@ def show(report: dict[str, Any]) -> None:
         f"pool (targets {TARGETS['late_tokens_per_forward']} and {TARGETS['late_speedup']}x); greedy mismatches "
         f"{s['greedy_mismatches']}"
     )
+    show_peers(report, console)
     if "auto" in report:
         a = report["auto"]
         share = "-" if a["oracle_share"] is None else f"{a['oracle_share']:.0%}"
@@ -245,6 +303,29 @@ def show(report: dict[str, Any]) -> None:
     )
 
 
+def show_peers(report: dict[str, Any], console: Any) -> None:
+    """The late requests beside the peers: tokens a forward, and each speculative decoder's speed over plain
+    decoding in its own engine (ours over the standard pool, llama.cpp's lookup over llama.cpp)."""
+    from rich.table import Table
+
+    llama = report.get("llama_lookup", {}).get("jobs", {})
+    lookup = report.get("prompt_lookup_tokens_per_forward", {})
+    if not llama and not lookup:
+        return
+    table = Table(title="Peers, late requests: tokens a forward (speed over own plain decoding)")
+    for column in ("job", "DSpark", "llama-lookup", "prompt lookup"):
+        table.add_column(column, justify="left" if column == "job" else "right")
+    for name, job in report["summary"]["jobs"].items():
+        ours, peer = job["late"], llama.get(name)
+        table.add_row(
+            name,
+            f"{ours['tokens_per_forward']:.2f} ({ours['speedup']:.2f}x)",
+            f"{peer['late_tokens_per_forward']:.2f} ({peer['late_speedup']:.2f}x)" if peer else "-",
+            f"{lookup[name]:.2f}" if name in lookup else "-",
+        )
+    console.print(table)
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -255,6 +336,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
     x = list(range(1, len(positions) + 1))
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     left.plot(x, [p["tokens_per_forward"] for p in positions], marker="o", label="DSpark")
+    if "llama_lookup" in report:
+        left.plot(x, report["llama_lookup"]["by_position"][: len(x)], marker="s", label="llama-lookup")
     left.axhline(1.0, color="grey", linestyle="--", label="standard")
     left.set_ylabel("tokens a forward (mean over jobs)")
     right.plot(x, [p["speedup"] for p in positions], marker="o", color="tab:green")
@@ -279,6 +362,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--peer-requests", type=int, default=3, help="late requests a job gives prompt lookup (0: none)"
     )
     parser.add_argument(
+        "--llama-lookup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="replay the trace through llama.cpp's llama-lookup as well, where `make llama-lookup` built it",
+    )
+    parser.add_argument(
         "--auto",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -289,8 +378,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from backends.precision import cpu_name
+    from backends.precision import cpu_chip
     from backends.progress import JobProgress
+    from benchmarks.llama_lookup import LLAMA_LOOKUP
 
     jobs = [name for name in args.jobs.split(",") if name]
     unknown = set(jobs) - {j.name for j in JOBS}
@@ -300,7 +390,7 @@ def run(args: argparse.Namespace) -> int:
         runs = replay(args.config, jobs, args.requests, progress)
         auto = replay(args.config, jobs, args.requests, progress, ("auto",)) if args.auto else None
     report: dict[str, Any] = {
-        "cpu": cpu_name(),
+        "cpu": cpu_chip(),
         "requests_per_job": args.requests,
         "warm": WARM,
         "targets": TARGETS,
@@ -311,6 +401,11 @@ def run(args: argparse.Namespace) -> int:
     }  # fmt: skip
     if auto is not None:
         report["auto"] = routed(runs, auto)
+    if args.llama_lookup and LLAMA_LOOKUP.is_file():
+        with JobProgress(log_every=5) as progress:
+            report["llama_lookup"] = llama_lookup(jobs, args.requests, progress)
+    elif args.llama_lookup:
+        print(f"no llama-lookup peer: {LLAMA_LOOKUP} is not built (make llama-lookup)")
     if args.peer_requests:
         report["prompt_lookup_tokens_per_forward"] = prompt_lookup(jobs, args.requests, args.peer_requests)
     show(report)

@@ -31,3 +31,16 @@ def test_bench_batching_reports_every_contender_at_every_level(tiny_model_paths,
     assert report["concurrency"]["3"]["sequential_p50_latency_s"] > 0
     assert (tmp_path / "b.png").stat().st_size > 10_000
     assert max(len(line) for line in capsys.readouterr().out.splitlines()) <= 80
+
+
+def test_the_trace_mix_interleaves_every_job_with_other_contents_at_each_level():
+    from benchmarks.trace_jobs import JOBS
+
+    four, sixteen = batching.trace_workload(3, seed=4), batching.trace_workload(3, seed=16)
+    assert len(four) == 3 * len(JOBS)
+    first_round = four[: len(JOBS)]  # one request of every job before the next of any
+    assert [r.max_tokens for r in first_round] == [job.max_tokens for job in JOBS]
+    assert all(r.temperature == 0 for r in four)
+    contents = lambda workload: {r.messages[-1].content for r in workload}  # noqa: E731
+    assert len(contents(four) & contents(sixteen)) < len(four) / 4  # jobs with few contents repeat some
+    assert contents(four) == contents(batching.trace_workload(3, seed=4))

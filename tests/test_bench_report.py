@@ -14,12 +14,14 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_every_suite_step_parses_with_its_benchmarks_own_arguments(tmp_path):
     for step in suite.SUITE:
-        assert step.name in BENCHMARKS and step.name != "all"
+        assert step.subcommand() in BENCHMARKS and step.subcommand() != "all"
         parser = argparse.ArgumentParser()
-        BENCHMARKS[step.name].fill(parser)
+        BENCHMARKS[step.subcommand()].fill(parser)
         args = parser.parse_args(step.argv(tmp_path))
         assert Path(args.json) == tmp_path / f"{step.name}.json"
-        assert step.command().startswith(f"dspark-router bench {step.name} ")
+        assert step.command().startswith(f"dspark-router bench {step.subcommand()} ")
+    assert len({step.name for step in suite.SUITE}) == len(suite.SUITE)
+    assert {name for name, _, _ in report.SECTIONS} == {step.name for step in suite.SUITE}
 
 
 def test_the_shipped_benchmarks_md_is_what_the_shipped_results_render():
