@@ -101,6 +101,11 @@ class DecodeEngine:
         self.observers: list[Observer] = []
 
     @property
+    def prefix_cache_bytes(self) -> int:
+        """What the kept prompt prefixes hold (0 where the engine keeps none)."""
+        return self._prefixes.nbytes if self._prefixes is not None else 0
+
+    @property
     def depth(self) -> int:
         """Requests waiting or decoding."""
         return len(self._waiting) + len(self._running)

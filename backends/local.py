@@ -37,6 +37,11 @@ class LocalBackend(ABC):
         self.loaded = loaded
         self.engine = DecodeEngine(loaded, limits, state_layers)
 
+    def cache_bytes(self) -> dict[str, int]:
+        """What this backend's caches hold in memory, by cache (one of :data:`~backends.types.CACHES`), for the
+        pool's metrics."""
+        return {"prefix": self.engine.prefix_cache_bytes}
+
     def prepare_grammars(self) -> None:
         """Build the grammar engine's view of the vocabulary now (once a process and tokenizer; about 0.4 s for
         SmolLM2's 49k tokens), so the first request with a schema, regex or tool does not wait for it."""

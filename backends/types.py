@@ -28,6 +28,10 @@ from backends.traffic_settings import TrafficOptions
 MAX_TOKENS_LIMIT = 32_768
 TOOL_CHOICE_FORMS = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
 MAX_STOP_STRINGS = 4
+CACHES = ("prefix", "traffic")
+"""The caches a local backend keeps, by the name its metrics give them: prompt prefixes' keys and values
+(:mod:`backends.packed.prefix_cache`) and, in a DSpark pool, earlier answers to draft from
+(:mod:`backends.dspark.traffic`)."""
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 """What a torch generator takes; a seed outside it is the request's fault, refused before it reaches a pool."""
 # OpenAI's defaults for sampling arguments a client leaves out. Decoding, routing rules, classifier features,

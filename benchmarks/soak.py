@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import httpx
 import yaml
 
 from benchmarks.output import write_json
@@ -47,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--outage-s", type=float, default=5.0, help="how long Redis stays down")
     p.add_argument("--sample-s", type=float, default=5.0, help="seconds between RSS samples")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--traffic-max-tokens",
+        type=int,
+        help="the DSpark pool's traffic cache cap in tokens (default: the pool's); a small one is reached early, so "
+        "the soak shows memory held at the cap while the oldest answers go (the cache drafts on --model default)",
+    )
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--plot", type=Path, help="latency and RSS over time, as PNG")
 
@@ -63,9 +70,10 @@ def _tiny_models(folder: Path) -> dict[str, Path]:
     return {"standard": standard, "dspark": folder / "dspark"}
 
 
-def deployment(model: str, folder: Path, redis_url: str) -> dict[str, Any]:
+def deployment(model: str, folder: Path, redis_url: str, traffic_max_tokens: int | None = None) -> dict[str, Any]:
     """One request at a time per pool (``max_batch: 1``): greedy answers then do not depend on what else is in
-    the batch, so each request's answer is known in advance."""
+    the batch, so each request's answer is known in advance. ``traffic_max_tokens``: the DSpark pool's traffic cache
+    cap."""
     if model == "tiny":
         paths = _tiny_models(folder)
         dspark: dict[str, Any] = {"model": str(paths["dspark"])}
@@ -74,6 +82,8 @@ def deployment(model: str, folder: Path, redis_url: str) -> dict[str, Any]:
         dspark, standard = {"model": model, **({"drafter_path": "default"} if model == "default" else {})}, model
     one = {"workers": 1, "max_batch": 1, "max_queue": 64, "timeout_s": 60}
     redis = {"prefix": f"soak-{uuid.uuid4().hex[:8]}", "visibility_timeout_s": 3.0, "heartbeat_s": 0.5}
+    if traffic_max_tokens is not None:
+        dspark["traffic"] = {"max_tokens": traffic_max_tokens}
     return {
         "pools": {
             "dspark": {"backend": "dspark", **dspark, **one},
@@ -101,10 +111,28 @@ async def _closed_loop(clients: Clients, asks: Iterator[Ask], seconds: float, co
     return done / (time.perf_counter() - started)
 
 
-async def _sample(processes: Processes, started: float, every_s: float, samples: list[dict[str, Any]]) -> None:
+async def _sample(
+    processes: Processes, clients: Clients, started: float, every_s: float, samples: list[dict[str, Any]]
+) -> None:
+    """Every process's RSS and what the gateway's pools' caches hold (its /metrics), every ``every_s``."""
     while True:
-        samples.append({"t_s": time.perf_counter() - started, "rss_mb": processes.rss_mb()})
+        rss = processes.rss_mb()
+        samples.append({"t_s": time.perf_counter() - started, "rss_mb": rss, "cache_mb": await _cache_mb(clients)})
         await asyncio.sleep(every_s)
+
+
+async def _cache_mb(clients: Clients) -> dict[str, float]:
+    """``dspark_router_cache_bytes`` from the gateway's /metrics, in MB by ``pool/cache`` (empty while the gateway
+    does not answer, as during a restart)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = (await clients.http.get("/metrics", timeout=5.0)).text
+    except httpx.HTTPError:
+        return {}
+    held = next((f for f in text_string_to_metric_families(text) if f.name == "dspark_router_cache_bytes"), None)
+    samples = held.samples if held is not None else []
+    return {f"{s.labels['pool']}/{s.labels['cache']}": s.value / 1e6 for s in samples if s.value}
 
 
 async def _faults(processes: Processes, started: float, seconds: float, outage_s: float) -> None:
@@ -140,7 +168,7 @@ async def _drive(
     samples: list[dict[str, Any]] = []
     started = clients.clock = time.perf_counter()
     background = [
-        asyncio.create_task(_sample(processes, started, args.sample_s, samples)),
+        asyncio.create_task(_sample(processes, clients, started, args.sample_s, samples)),
         asyncio.create_task(_progress(outcomes, started, seconds)),
     ]
     faults = asyncio.create_task(_faults(processes, started, seconds, args.outage_s))
@@ -176,7 +204,7 @@ def run_benchmark(args: argparse.Namespace) -> dict[str, Any]:
         folder = Path(tmp)
         redis = LocalRedis(folder)
         config = folder / "router.yaml"
-        config.write_text(yaml.safe_dump(deployment(args.model, folder, redis.url)))
+        config.write_text(yaml.safe_dump(deployment(args.model, folder, redis.url, args.traffic_max_tokens)))
         processes = Processes(config, folder, redis, "remote")
         report = {"model": TINY if args.model == "tiny" else args.model, "cpus": os.cpu_count(), "load": args.load}
         try:

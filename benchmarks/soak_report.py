@@ -64,6 +64,14 @@ def rss_growth(samples: list[dict[str, Any]], after_s: float) -> dict[str, float
     return growth
 
 
+def cache_peaks(samples: list[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Each of the gateway's caches (``pool/cache``): the most it held in MB over the soak, and in the last sample
+    that reached the gateway."""
+    seen = [s["cache_mb"] for s in samples if s.get("cache_mb")]
+    names = {name for held in seen for name in held}
+    return {name: (max(held.get(name, 0.0) for held in seen), seen[-1].get(name, 0.0)) for name in names}
+
+
 def build(
     outcomes: list[Outcome], samples: list[dict[str, Any]], faults: list[dict[str, Any]], run: dict[str, Any]
 ) -> dict[str, Any]:
@@ -123,6 +131,10 @@ def show(report: dict[str, Any]) -> None:
         print(f"  {b['t_s']:6.0f}s  {b['requests']:5d} answers  {cells}")
     growth = ", ".join(f"{k} {100 * g:+.1f}%" for k, g in sorted(report["rss_growth"].items()))
     print(wrapped(f"RSS growth after {report['rss_growth_after_s']:.0f}s: {growth}"))
+    caches = cache_peaks(report["rss"])
+    if caches:
+        held = ", ".join(f"{name} {peak:.2f} MB (last {last:.2f})" for name, (peak, last) in sorted(caches.items()))
+        print(wrapped(f"gateway caches, most held: {held}"))
     drift = report["p99_drift"]
     print(f"p99 last vs first {report['p99_window_s']:.0f}s: " + ("n/a" if drift is None else f"{100 * drift:+.1f}%"))
     died = [f"{label} ({code})" for label, code in report["exit_codes"].items() if code not in (None, -9)]

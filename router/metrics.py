@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from backends.types import CACHES
 from router.decisions import Decision, Measured
 from router.pool import Pool
 
@@ -83,6 +84,12 @@ class RouterMetrics:
             registry=r,
         )
         self.queue_depth = Gauge("dspark_router_queue_depth", "Requests queued or running", ["pool"], registry=r)
+        self.cache_bytes = Gauge(
+            "dspark_router_cache_bytes",
+            "Bytes a pool's caches hold in this process: kept prompt prefixes, earlier answers to draft from",
+            ["pool", "cache"],
+            registry=r,
+        )
         self.overflows = Counter(
             "dspark_router_overflows", "Requests spilled from a full pool", ["from_pool", "to_pool"], registry=r
         )
@@ -108,6 +115,10 @@ class RouterMetrics:
         every forward pass."""
         for name, pool in pools.items():
             self.queue_depth.labels(name).set_function(lambda pool=pool: pool.depth)
+            for cache in CACHES:
+                self.cache_bytes.labels(name, cache).set_function(
+                    lambda pool=pool, cache=cache: pool.cache_bytes().get(cache, 0)
+                )
             pool.observe(lambda record, name=name: self.stepped(name, record))
 
     def stepped(self, pool: str, record: StepRecord) -> None:

@@ -59,6 +59,11 @@ class Pool(ABC):
     def warmup(self) -> None:  # noqa: B027 - optional: pools with nothing to preload keep this no-op
         """Load what can be loaded before the first request, so its latency is not the model's load time."""
 
+    def cache_bytes(self) -> dict[str, int]:
+        """What the pool's caches hold in this process, by cache (:data:`backends.local.CACHES`); pools whose
+        backends run elsewhere (Redis workers, remote engines) hold none here."""
+        return {}
+
     def observe(self, observer: Callable[[StepRecord], None]) -> None:  # noqa: B027 - only batching pools report
         """Have ``observer`` see every batched forward pass of this pool's local backends (for metrics)."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
@@ -110,6 +111,12 @@ class InProcessPool(Pool):
     def replicas(self) -> list[Backend]:
         """The workers' backends loaded so far."""
         return [backend for backend in self._replicas if backend is not None]
+
+    def cache_bytes(self) -> dict[str, int]:
+        held: Counter[str] = Counter()
+        for backend in self.replicas:  # local backends keep caches; a remote engine's client keeps none
+            held.update(backend.cache_bytes() if hasattr(backend, "cache_bytes") else {})
+        return dict(held)
 
     def observe(self, observer: Callable[[StepRecord], None]) -> None:
         self._observers.append(observer)

@@ -62,6 +62,8 @@ def test_greedy_outputs_with_the_prefix_cache_are_plain_decodings_and_name_their
             result = backend.complete(request)
             assert result.token_ids == expected.token_ids
             assert (result.stats.cached_prompt_tokens >= MIN_SHARED) == (i > 0)
+    assert plain.cache_bytes() == {"prefix": 0}
+    assert 0 < standard.cache_bytes()["prefix"] <= BatchLimits().prefix_cache_mb * 2**20
 
 
 def test_a_scope_never_starts_from_another_scopes_prompt(published):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from backends.autoregressive import AutoregressiveBackend
 from backends.default_model import DEFAULT_MODEL
@@ -172,6 +173,24 @@ def test_a_key_cannot_reach_another_keys_cache_by_naming_its_tenant(tmp_path):
             assert rounds("sk-second") == 0
         scopes = router.pools["dspark"].replicas[0].traffic.scopes()
         assert len(scopes) == 2 and all("acme" in scope for scope in scopes)
+
+
+def test_the_gateways_metrics_show_what_the_pools_caches_hold(tmp_path):
+    """Once the DSpark pool on the default model has answered, /metrics shows its traffic cache and its kept prompt
+    prefixes holding what the pool itself counts."""
+    pool = {"backend": "dspark", "model": str(DEFAULT_MODEL), "drafter_path": "default", "drafter": "dspark"}
+    data = {"pools": {"dspark": pool}, "policy": {"classifier": None, "default_pool": "dspark"}}
+    body = {"messages": [{"role": "user", "content": "List four colours, one a line."}], "max_tokens": 24}
+    with make_router(tmp_path, data) as router:
+        router.warmup()
+        with serve(router) as server:
+            answer = httpx.post(f"{server.url}/v1/chat/completions", json={**body, "temperature": 0})
+            assert answer.status_code == 200, answer.text
+            text = httpx.get(f"{server.url}/metrics").text
+        held = router.pools["dspark"].cache_bytes()
+    family = next(f for f in text_string_to_metric_families(text) if f.name == "dspark_router_cache_bytes")
+    shown = {sample.labels["cache"]: sample.value for sample in family.samples if sample.labels["pool"] == "dspark"}
+    assert shown == held and held["traffic"] > 0 and held["prefix"] > 0
 
 
 def test_a_request_on_worker_b_drafts_from_an_answer_worker_a_wrote_and_a_killed_worker_loses_nothing(

@@ -237,3 +237,7 @@ class TrafficCaches:
     def scopes(self) -> dict[str | None, TrafficCache]:
         with self._lock:
             return dict(self._caches)
+
+    def memory_bytes(self) -> int:
+        """About what every scope's cache holds (:attr:`TrafficCache.memory_bytes`)."""
+        return sum(cache.memory_bytes for cache in self.scopes().values())
