@@ -372,6 +372,7 @@ def decode(
     stats.forward_passes += 1
     state.pending.append(step.features)
     logits, next_token, produced = step.logits[-1], None, 0
+    masked = False  # whether ``logits`` already carry the grammar's mask for the state they are picked in
     try:
         while True:
             # the tokens this round's forward starts with, committed already: the grammar's forced text (whose
@@ -382,7 +383,7 @@ def decode(
             else:
                 anchor = next_token
                 if anchor is None:
-                    if constraint is not None:
+                    if constraint is not None and not masked:
                         constraint.mask_logits(logits)
                     anchor = pick_token(logits, request, generator)
                 if constraint is not None:
@@ -429,7 +430,9 @@ def decode(
             if constraint is not None:
                 constraint.consume(tokens[:accepted])
             state.pending.append(step.features[: len(run) + accepted])
-            logits = step_logits[accepted]
+            # masked already (row ``accepted`` of the span's masks is the state the accepted tokens leave), so the
+            # next anchor is picked without computing the same mask again
+            logits, masked = step_logits[accepted], True
             produced += len(run) + accepted
             yield [*run, *tokens[:accepted]]
     finally:
