@@ -24,6 +24,7 @@ from backends.dspark.curves import machine_parts
 from backends.loading import resolve_precision
 from backends.packed.build import kernels_name
 from backends.precision import QUANTIZED_PRECISION, cpu_chip
+from benchmarks.trace import redis_line
 
 PUBLISHED = Path(__file__).with_name("published.md")
 
@@ -747,6 +748,7 @@ def trace(data: dict, results: Path, base: Path) -> str:
         for name, job in s["jobs"].items()
     ]
     cache = data["cache"]
+    figure = "trace-redis.png" if "redis_workers" in data else "trace.png"  # as the suite names each step's plot
     return "\n\n".join(
         [
             f"{data['cpu']}. {data['requests_per_job']} greedy requests of each job, through the gateway, the DSpark "
@@ -776,7 +778,8 @@ def trace(data: dict, results: Path, base: Path) -> str:
             f"{cache['insert_us_per_token']:.1f} us, a draft {cache['speculate_us']:.0f} us (Python).",
             *([_routed_trace(data["auto"])] if "auto" in data else []),
             *([_llama_lookup_trace(data)] if "llama_lookup" in data else []),
-            _image(results, "trace.png", base, "the agent trace by position within a job"),
+            *([redis_line(data["redis_workers"]).capitalize() + "."] if "redis_workers" in data else []),
+            _image(results, figure, base, "the agent trace by position within a job"),
         ]
     )
 
@@ -855,6 +858,7 @@ SECTIONS: tuple[Section, ...] = (
     ("pools", "Redis worker pools", pools),
     ("gateway", "The REST gateway", gateway),
     ("trace", "An agent's trace: drafting from the traffic", trace),
+    ("trace-redis", "The same trace on two Redis workers", trace),
 )
 
 

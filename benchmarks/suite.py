@@ -81,6 +81,14 @@ SUITE: tuple[Step, ...] = (
     ),
     Step("gateway", ("--requests", "60", "--json", "{results}/gateway.json")),
     Step("trace", ("--json", "{results}/trace.json", "--plot", "{results}/trace.png")),
+    Step(
+        "trace-redis",
+        (
+            *("--redis-workers", "2", "--no-auto", "--no-llama-lookup", "--peer-requests", "0"),
+            *("--json", "{results}/trace-redis.json", "--plot", "{results}/trace-redis.png"),
+        ),
+        bench="trace",
+    ),
 )
 
 

@@ -19,10 +19,16 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +86,44 @@ def replay(
                         runs[job.name][model].append(_run(answer, seconds))
                     progress.step(task, status=f"{job.name} {i + 1}")
     return runs
+
+
+@contextmanager
+def redis_workers(count: int, folder: Path) -> Iterator[tuple[str, Callable[[], list[str]]]]:
+    """The embedded config with its DSpark pool served by ``count`` ``dspark-router worker`` processes over Redis
+    (``REDIS_URL``, else a private server), every worker up: yields the config's path and a function giving, in
+    order, which worker wrote each answer (the pool's traffic stream, which every worker publishes its answers on
+    and inserts the others' from). Idle workers wait on the job stream in turn, so a replay's consecutive requests
+    land on different workers; the function shows how many did."""
+    import redis
+    import yaml
+
+    from benchmarks.local_redis import local_redis
+    from router.config import DEFAULT_CONFIG
+    from router.redis_jobs import PoolKeys
+    from router.sdk import Router
+
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    prefix = f"trace-{uuid.uuid4().hex[:8]}"
+    with local_redis() as url, ExitStack() as stack:
+        data["pools"]["dspark"].update(transport="redis", redis_url=url, redis={"prefix": prefix})
+        config = folder / "router.yaml"
+        config.write_text(yaml.safe_dump(data))
+        for i in range(count):
+            log = stack.enter_context((folder / f"worker-{i}.log").open("w"))
+            command = [sys.executable, "-m", "router", "worker", "--config", str(config), "--pool", "dspark"]
+            worker = subprocess.Popen(command, stdout=log, stderr=log)
+            stack.callback(lambda w=worker: (w.terminate(), w.wait(30)))
+        with Router.from_config(config) as router:
+            deadline = time.monotonic() + 300
+            while len(router.pools["dspark"].live_workers()) < count:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the DSpark pool's {count} workers did not come up (logs in {folder})")
+                time.sleep(0.2)
+        client = redis.Redis.from_url(url)
+        stack.callback(client.close)
+        stream = PoolKeys(prefix, "dspark").traffic
+        yield str(config), lambda: [fields[b"origin"].decode() for _, fields in client.xrange(stream, "-", "+")]
 
 
 def routed(paired: dict[str, dict[str, list]], auto: dict[str, dict[str, list]]) -> dict[str, Any]:
@@ -288,6 +332,8 @@ def show(report: dict[str, Any]) -> None:
         f"{s['greedy_mismatches']}"
     )
     show_peers(report, console)
+    if "redis_workers" in report:
+        console.print(redis_line(report["redis_workers"]))
     if "auto" in report:
         a = report["auto"]
         share = "-" if a["oracle_share"] is None else f"{a['oracle_share']:.0%}"
@@ -300,6 +346,13 @@ def show(report: dict[str, Any]) -> None:
     console.print(
         f"cache: {c['answers']} answers, {c['tokens']:,} tokens, {c['memory_mb']:.1f} MB; insert "
         f"{c['insert_us_per_token']:.1f} us a token, a draft {c['speculate_us']:.0f} us"
+    )
+
+
+def redis_line(workers: dict[str, int]) -> str:
+    return (
+        f"the DSpark pool on {workers['workers']} Redis workers sharing one traffic cache: {workers['switched']} of "
+        f"{workers['answers'] - 1} consecutive answers came from different workers"
     )
 
 
@@ -373,6 +426,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=True,
         help="replay the trace once more through dspark-router/auto, from fresh caches",
     )
+    parser.add_argument(
+        "--redis-workers",
+        type=int,
+        default=0,
+        help="serve the DSpark pool by this many Redis workers sharing one traffic cache (0: in process)",
+    )
     parser.add_argument("--json", type=Path, help="write the report here")
     parser.add_argument("--plot", type=Path, help="write the PNG here")
 
@@ -386,8 +445,14 @@ def run(args: argparse.Namespace) -> int:
     unknown = set(jobs) - {j.name for j in JOBS}
     if unknown:
         raise SystemExit(f"unknown jobs: {', '.join(sorted(unknown))}")
-    with JobProgress(log_every=5) as progress:
-        runs = replay(args.config, jobs, args.requests, progress)
+    origins: list[str] = []
+    with JobProgress(log_every=5) as progress, tempfile.TemporaryDirectory() as folder:
+        if args.redis_workers:
+            with redis_workers(args.redis_workers, Path(folder)) as (config, answered_by):
+                runs = replay(config, jobs, args.requests, progress)
+                origins = answered_by()
+        else:
+            runs = replay(args.config, jobs, args.requests, progress)
         auto = replay(args.config, jobs, args.requests, progress, ("auto",)) if args.auto else None
     report: dict[str, Any] = {
         "cpu": cpu_chip(),
@@ -399,6 +464,9 @@ def run(args: argparse.Namespace) -> int:
         "runs": {job: {pool: [{k: v for k, v in r.items() if k != "text"} for r in rs] for pool, rs in job_runs.items()}
                  for job, job_runs in runs.items()},
     }  # fmt: skip
+    if origins:
+        switched = sum(a != b for a, b in itertools.pairwise(origins))
+        report["redis_workers"] = {"workers": args.redis_workers, "answers": len(origins), "switched": switched}
     if auto is not None:
         report["auto"] = routed(runs, auto)
     if args.llama_lookup and LLAMA_LOOKUP.is_file():
