@@ -257,6 +257,16 @@ def test_algorithm1_shrinks_each_requests_budget_under_load():
     assert heavy == [2, 2, 2, 2, 0, 0, 0, 0]
 
 
+def test_a_curve_interpolates_forward_time_between_profiled_lengths_and_scales_beyond():
+    """Profiled lengths as measured, a length between two weighed by forward time (not rate), one past the longest
+    compute-bound."""
+    sps = SpsCurve({1: 200.0, 4: 100.0, 8: 50.0})
+    assert sps.at(4) == 100.0 and sps.at(8) == 50.0
+    assert sps.at(2) == pytest.approx(1 / (2 / 3 / 200 + 1 / 3 / 100))
+    assert sps.at(6) == pytest.approx(1 / (0.5 / 100 + 0.5 / 50))
+    assert sps.at(16) == pytest.approx(25.0)
+
+
 def test_published_layout_round_trips_beside_a_qwen3_target(qwen3_path, tmp_path):
     """Saved, a drafter carries its own weights only (the target's embedding and LM head come from the target);
     exported, the whole published layout, which loads back to the same drafter."""
