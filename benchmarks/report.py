@@ -14,6 +14,7 @@ import json
 import os
 import platform
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -339,8 +340,9 @@ MIXES = {
 }
 
 
-def batching(data: dict, results: Path, base: Path) -> str:
-    """``bench batching`` on one mix: each contender it ran, by concurrency (the trace mix runs two of them)."""
+def batching(data: dict, results: Path, base: Path, figure: str = "batching.png") -> str:
+    """``bench batching`` on one mix: each contender it ran, by concurrency (the trace mix runs two of them);
+    ``figure``: its plot, as the suite step that ran it names it."""
     names = {
         "batched": "batched",
         "sequential": "one at a time",
@@ -349,20 +351,19 @@ def batching(data: dict, results: Path, base: Path) -> str:
         "transformers_serve": "transformers serve",
     }
     ran = [name for name in names if any(f"{name}_tokens_per_s" in entry for entry in data["concurrency"].values())]
+    paired = {"batched", "dspark_scheduled"} <= set(ran)
     rows = []
     for level, entry in data["concurrency"].items():
         row: list[Cell] = [level]
         for name in ran:
             total, each = entry.get(f"{name}_tokens_per_s"), entry.get(f"{name}_per_request_tokens_per_s")
             row.append(None if total is None else f"{total:,.0f} ({each:,.0f})")
-        if {"batched", "dspark_scheduled"} <= set(ran):
+        if paired:
             row.append(entry["dspark_scheduled_tokens_per_s"] / entry["batched_tokens_per_s"])
         row.append(entry.get("dspark_scheduled_mean_verify_budget"))
         rows.append(row)
-    ratio = ["DSpark over batched"] if {"batched", "dspark_scheduled"} <= set(ran) else []
-    headers = ["C", *(names[name] for name in ran), *ratio, "budget"]
+    headers = ["C", *(names[name] for name in ran), *(["DSpark over batched"] if paired else []), "budget"]
     mix = data.get("mix", "held-out")
-    figure = "batching.png" if mix == "held-out" else f"batching-{mix}.png"  # as the suite names each step's plot
     return "\n\n".join(
         [
             f"Closed loop of C clients, {data['window_s']:g} s per contender and level, {data['workload']} "
@@ -730,8 +731,9 @@ def published(data: dict | None, results: Path, base: Path) -> str:
     return "\n\n".join(parts)
 
 
-def trace(data: dict, results: Path, base: Path) -> str:
-    """The agent trace by job, early and late in a job, beside transformers' prompt lookup; the cache's costs."""
+def trace(data: dict, results: Path, base: Path, figure: str = "trace.png") -> str:
+    """The agent trace by job, early and late in a job, beside transformers' prompt lookup; the cache's costs.
+    ``figure``: its plot, as the suite step that ran it names it."""
     s, warm, targets = data["summary"], data["warm"], data["targets"]
     lookup = data.get("prompt_lookup_tokens_per_forward", {})
     rows = [
@@ -748,7 +750,6 @@ def trace(data: dict, results: Path, base: Path) -> str:
         for name, job in s["jobs"].items()
     ]
     cache = data["cache"]
-    figure = "trace-redis.png" if "redis_workers" in data else "trace.png"  # as the suite names each step's plot
     return "\n\n".join(
         [
             f"{data['cpu']}. {data['requests_per_job']} greedy requests of each job, through the gateway, the DSpark "
@@ -851,14 +852,14 @@ SECTIONS: tuple[Section, ...] = (
     ("copies", "Copied blocks on every stored curve", copies),
     ("structured", "Structured output", structured),
     ("batching", "Batching", batching),
-    ("batching-trace", "Batching an agent's templated traffic", batching),
+    ("batching-trace", "Batching an agent's templated traffic", partial(batching, figure="batching-trace.png")),
     ("route", "Routing quality", route),
     ("workload", "The agent workload", workload),
     ("fleet", "A simulated fleet", fleet),
     ("pools", "Redis worker pools", pools),
     ("gateway", "The REST gateway", gateway),
     ("trace", "An agent's trace: drafting from the traffic", trace),
-    ("trace-redis", "The same trace on two Redis workers", trace),
+    ("trace-redis", "The same trace on two Redis workers", partial(trace, figure="trace-redis.png")),
 )
 
 
