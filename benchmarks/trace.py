@@ -30,10 +30,13 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from benchmarks.output import write_json
 from benchmarks.trace_jobs import JOBS, requests
+
+if TYPE_CHECKING:
+    from backends.loading import LoadedModel
 
 WARM = 8
 """Requests of a job before the targets count: the cache is learning the template."""
@@ -151,15 +154,22 @@ def routed(paired: dict[str, dict[str, list]], auto: dict[str, dict[str, list]])
     }
 
 
-def prompt_lookup(jobs: list[str], count: int, per_job: int) -> dict[str, float]:
+def reference() -> LoadedModel:
+    """The default model in float32 on transformers: prompt lookup's model, and the tokenizer the peers and the
+    cache's costs read, loaded once for all of them."""
+    from backends.default_model import DEFAULT_MODEL
+    from backends.loading import load_model
+
+    return load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
+
+
+def prompt_lookup(loaded: LoadedModel, jobs: list[str], count: int, per_job: int) -> dict[str, float]:
     """transformers' prompt lookup on the float32 reference: tokens a forward on each job's first ``per_job``
     requests after :data:`WARM`, greedy (every forward of ``generate`` counted)."""
-    from backends.default_model import DEFAULT_MODEL
-    from backends.loading import load_model, prompt_ids
+    from backends.loading import prompt_ids
     from backends.types import GenerationRequest
     from benchmarks.decode import hf_generate
 
-    loaded = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
     result = {}
     for job in (j for j in JOBS if j.name in jobs):
         late = requests(job, count)[WARM : WARM + per_job]
@@ -172,18 +182,17 @@ def prompt_lookup(jobs: list[str], count: int, per_job: int) -> dict[str, float]
     return result
 
 
-def llama_lookup(jobs: list[str], count: int, progress: Any) -> dict[str, Any]:
+def llama_lookup(loaded: LoadedModel, jobs: list[str], count: int, progress: Any) -> dict[str, Any]:
     """llama.cpp's lookup decoding (:mod:`benchmarks.llama_lookup`) on every request of each job, drafting from one
     n-gram cache per job, and plain llama.cpp (the same binary, no drafts) on the late ones: per job, tokens a
-    forward early and late, and tokens per second of both late; by position, tokens a forward."""
+    forward early and late, and tokens per second of both late; by position, tokens a forward. ``loaded``: the
+    model whose chat template and tokenizer write the prompts."""
     from backends.convert import packaged_gguf
-    from backends.default_model import DEFAULT_MODEL
-    from backends.loading import load_model, prompt_ids
+    from backends.loading import prompt_ids
     from backends.packed.pool import default_threads
     from backends.types import GenerationRequest
     from benchmarks.llama_lookup import run_lookup
 
-    tokenizer_of = load_model(DEFAULT_MODEL, device="cpu", dtype="float32")
     gguf, threads = packaged_gguf(), default_threads()
     runs: dict[str, list] = {}
     plain: dict[str, list] = {}
@@ -195,8 +204,8 @@ def llama_lookup(jobs: list[str], count: int, progress: Any) -> dict[str, Any]:
             runs[job.name], plain[job.name] = [], []
             for i, body in enumerate(requests(job, count)):
                 request = GenerationRequest(**body)
-                ids = prompt_ids(tokenizer_of, request)
-                prompt = tokenizer_of.tokenizer.decode(ids, skip_special_tokens=False)
+                ids = prompt_ids(loaded, request)
+                prompt = loaded.tokenizer.decode(ids, skip_special_tokens=False)
                 run = run_lookup(gguf, prompt, request, cache, threads)
                 prompts_read_alike &= run.prompt_tokens == len(ids)
                 runs[job.name].append(run)
@@ -230,15 +239,12 @@ def llama_lookup(jobs: list[str], count: int, progress: Any) -> dict[str, Any]:
     }
 
 
-def cache_costs(runs: dict[str, dict[str, list]]) -> dict[str, float]:
-    """The trace's DSpark answers inserted into a fresh cache, and a draft asked after every token of each: the
-    microseconds a token's insertion and a draft cost, and the memory the cache holds."""
-    from backends.default_model import DEFAULT_MODEL
+def cache_costs(runs: dict[str, dict[str, list]], tokenizer: Any) -> dict[str, float]:
+    """The trace's DSpark answers (tokenized by ``tokenizer``) inserted into a fresh cache, and a draft asked after
+    every token of each: the microseconds a token's insertion and a draft cost, and the memory the cache holds."""
     from backends.dspark.traffic import TrafficCache
-    from backends.loading import load_model
     from backends.traffic_settings import TrafficSettings
 
-    tokenizer = load_model(DEFAULT_MODEL, device="cpu", dtype="float32").tokenizer
     answers = [tokenizer.encode(run["text"]) for job in runs.values() for run in job["dspark"]]
     cache = TrafficCache(TrafficSettings())
     started = time.perf_counter()
@@ -454,13 +460,14 @@ def run(args: argparse.Namespace) -> int:
         else:
             runs = replay(args.config, jobs, args.requests, progress)
         auto = replay(args.config, jobs, args.requests, progress, ("auto",)) if args.auto else None
+    loaded = reference()
     report: dict[str, Any] = {
         "cpu": cpu_chip(),
         "requests_per_job": args.requests,
         "warm": WARM,
         "targets": TARGETS,
         "summary": summarise(runs),
-        "cache": cache_costs(runs),
+        "cache": cache_costs(runs, loaded.tokenizer),
         "runs": {job: {pool: [{k: v for k, v in r.items() if k != "text"} for r in rs] for pool, rs in job_runs.items()}
                  for job, job_runs in runs.items()},
     }  # fmt: skip
@@ -471,11 +478,11 @@ def run(args: argparse.Namespace) -> int:
         report["auto"] = routed(runs, auto)
     if args.llama_lookup and LLAMA_LOOKUP.is_file():
         with JobProgress(log_every=5) as progress:
-            report["llama_lookup"] = llama_lookup(jobs, args.requests, progress)
+            report["llama_lookup"] = llama_lookup(loaded, jobs, args.requests, progress)
     elif args.llama_lookup:
         print(f"no llama-lookup peer: {LLAMA_LOOKUP} is not built (make llama-lookup)")
     if args.peer_requests:
-        report["prompt_lookup_tokens_per_forward"] = prompt_lookup(jobs, args.requests, args.peer_requests)
+        report["prompt_lookup_tokens_per_forward"] = prompt_lookup(loaded, jobs, args.requests, args.peer_requests)
     show(report)
     write_json(args.json, report)
     if args.plot:
