@@ -60,7 +60,7 @@ class Pool(ABC):
         """Load what can be loaded before the first request, so its latency is not the model's load time."""
 
     def cache_bytes(self) -> dict[str, int]:
-        """What the pool's caches hold in this process, by cache (:data:`backends.local.CACHES`); pools whose
+        """What the pool's caches hold in this process, by cache (:data:`backends.types.CACHES`); pools whose
         backends run elsewhere (Redis workers, remote engines) hold none here."""
         return {}
 

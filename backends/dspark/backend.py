@@ -176,7 +176,7 @@ class DSparkBackend(LocalBackend):
         return self.draft_cost.seconds if self.default == "dspark" and self.schedule.lookup != "only" else 0.0
 
     def cache_bytes(self) -> dict[str, int]:
-        return {**super().cache_bytes(), "traffic": self.traffic.memory_bytes()}
+        return {**super().cache_bytes(), "traffic": self.traffic.memory_bytes}
 
     def with_options(self, options: DSparkOptions | None) -> DSparkBackend:
         """This backend with a pool's ``decoding`` options as its defaults (a request may still override them)."""

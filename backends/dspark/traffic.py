@@ -238,6 +238,7 @@ class TrafficCaches:
         with self._lock:
             return dict(self._caches)
 
+    @property
     def memory_bytes(self) -> int:
         """About what every scope's cache holds (:attr:`TrafficCache.memory_bytes`)."""
         return sum(cache.memory_bytes for cache in self.scopes().values())
