@@ -16,7 +16,7 @@ from backends.constraints import GrammarConstraint
 from backends.engine import BatchLimits
 from backends.loading import load_shared
 from backends.local import LocalBackend
-from backends.sampling import pick_token
+from backends.sampling import pick_allowed
 from backends.steps import DecodeLoop, Forward
 from backends.types import GenerationRequest, GenerationStats
 
@@ -48,9 +48,7 @@ class AutoregressiveBackend(LocalBackend):
         while True:
             tokens = forced_tokens(constraint, stats)
             if not tokens:
-                if constraint is not None:
-                    constraint.mask_logits(logits)
-                tokens = [pick_token(logits, request, generator)]
+                tokens = [pick_allowed(logits, request, generator, constraint)]
                 if constraint is not None:
                     constraint.consume(tokens)
             yield tokens

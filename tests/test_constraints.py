@@ -305,6 +305,26 @@ def test_span_masks_match_stepping_and_leave_state_alone(constrain, tiny_tokeniz
     assert torch.equal(constraint.allowed_tokens(), before[0])
 
 
+def test_greedy_is_the_masked_argmax_of_every_row(constrain, tiny_tokenizer):
+    """What greedy verification keeps under a grammar: each row's argmax among the tokens allowed after the draft's
+    prefix, whether the row's own argmax is allowed (read from the grammar's bits) or refused (the row masked), ties
+    going to the first index as ``torch.argmax`` gives them."""
+    constraint = constrain(response_format=_schema_format(POINT))
+    draft = tiny_tokenizer.encode('{"x": 12')
+    masks = constraint.span_masks(draft)
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(len(draft) + 1, VOCAB, generator=generator)
+    for row, token in enumerate(draft):  # the draft's own tokens lead at even rows; a refused token at odd ones
+        leader = token if row % 2 == 0 else int((~masks[row]).nonzero()[0])
+        logits[row, leader] = 10.0
+    allowed = masks[-1].nonzero().flatten()
+    logits[-1, allowed[-1]] = logits[-1, allowed[1]] = 10.0  # a tie among allowed tokens
+    expected = torch.argmax(logits.masked_fill(~masks, float("-inf")), dim=-1).tolist()
+    assert constraint.greedy(logits, draft) == expected
+    assert expected[-1] == int(allowed[1]) and expected[0] == draft[0]
+    assert constraint.valid_prefix(draft) == len(draft) and constraint.span_masks(draft).equal(masks)
+
+
 def test_draft_with_a_rejected_token(constrain, tiny_tokenizer, eos_ids):
     """DSpark's path: truncate the draft at valid_prefix; rows past a rejected token allow only EOS."""
     constraint = constrain(response_format=_schema_format(POINT))

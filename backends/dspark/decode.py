@@ -8,9 +8,9 @@ Each step starts from the base model's logits and last hidden state at the newes
    the base model's logits (to verify the draft) and the hidden state (to draft the next step);
 3. :mod:`backends.dspark.verify` keeps the longest prefix the base model agrees with; ``exact`` verification
    makes greedy output identical to plain decoding and sampled output equal in distribution (speculative
-   sampling, the heads' distributions as the draft); ``confidence`` keeps the whole span. A sampled
-   verification also draws the token after the kept prefix (the correction, or the bonus token when the whole
-   draft survived) from the same pass's distributions, so the next step samples only its draft;
+   sampling, the heads' distributions as the draft); ``confidence`` keeps the whole span. Exact verification
+   also gives the token after the kept prefix (the correction, or the bonus token when the whole draft
+   survived) from the same pass's logits, so the next step picks only its draft;
 4. rejected positions are rewound out of the KV cache and the next step starts from the last kept one.
 
 Under a grammar (``constraint``), text the grammar forces is committed in one pass without drafting, the
@@ -32,8 +32,8 @@ from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
 from backends.dspark.model import DSparkModel
 from backends.dspark.selection import SpanPolicy
-from backends.dspark.verify import RoundStats, masked_by_grammar, verify
-from backends.sampling import pick_token, sample, token_probs
+from backends.dspark.verify import RoundStats, verify
+from backends.sampling import pick_allowed, sample, token_probs
 from backends.steps import DecodeLoop, Forward, Rewind
 from backends.types import GenerationRequest, GenerationStats
 
@@ -68,9 +68,7 @@ def propose(
     kept whatever verification says), and the draft is cut at the first token the grammar rejects.
     """
     if first is None:
-        if constraint is not None:
-            constraint.mask_logits(logits)
-        first = pick_token(logits, request, generator)
+        first = pick_allowed(logits, request, generator, constraint)
     if constraint is not None:
         constraint.consume([first])
     token = first
@@ -129,16 +127,22 @@ def decode(
             out = yield Forward(proposal.tokens)
             stats.forward_passes += 1
             draft = proposal.tokens[1:]
-            all_logits = masked_by_grammar(out.logits, draft, constraint)
             accepted, next_token = verify(
-                draft, proposal.draft_probs, all_logits, request, policy.verification, generator, proposal.refused_probs
+                draft,
+                proposal.draft_probs,
+                out.logits,
+                request,
+                policy.verification,
+                generator,
+                proposal.refused_probs,
+                constraint,
             )
             rounds.verified(len(draft), accepted)
             if len(draft) > accepted:
                 yield Rewind(len(draft) - accepted)
             if constraint is not None:
                 constraint.consume(draft[:accepted])
-            hidden, logits = out.hidden[accepted], all_logits[accepted]
+            hidden, logits = out.hidden[accepted], out.logits[accepted]
             produced += 1 + accepted
             yield proposal.tokens[: 1 + accepted]
     finally:

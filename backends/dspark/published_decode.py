@@ -46,9 +46,9 @@ from backends.constraints import GrammarConstraint
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.lookup import CopyAcceptance, MeasuredAcceptance, NgramLookup
 from backends.dspark.traffic import MAX_DRAFT, TrafficCache, TrafficCaches
-from backends.dspark.verify import RoundStats, masked_by_grammar, verify
+from backends.dspark.verify import RoundStats, verify
 from backends.loading import LoadedModel
-from backends.sampling import pick_token, sample, token_probs
+from backends.sampling import pick_allowed, sample, token_probs
 from backends.scheduling import DraftCost, VerifySchedule, prefix_survival
 from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, Rewind, Schedule, Step
 from backends.traffic_settings import TrafficOptions
@@ -372,7 +372,6 @@ def decode(
     stats.forward_passes += 1
     state.pending.append(step.features)
     logits, next_token, produced = step.logits[-1], None, 0
-    masked = False  # whether ``logits`` already carry the grammar's mask for the state they are picked in
     try:
         while True:
             # the tokens this round's forward starts with, committed already: the grammar's forced text (whose
@@ -383,9 +382,7 @@ def decode(
             else:
                 anchor = next_token
                 if anchor is None:
-                    if constraint is not None and not masked:
-                        constraint.mask_logits(logits)
-                    anchor = pick_token(logits, request, generator)
+                    anchor = pick_allowed(logits, request, generator, constraint)
                 if constraint is not None:
                     constraint.consume([anchor])
                 run = [anchor]
@@ -411,10 +408,10 @@ def decode(
             tokens = proposal.tokens
             step = target_pass((yield Forward([*run, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1
-            step_logits = masked_by_grammar(step.logits[len(run) - 1 :], tokens, constraint)
+            step_logits = step.logits[len(run) - 1 :]
             probs = None if proposal.probs is None else proposal.probs.to(step_logits.device)
             accepted, next_token = verify(
-                tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused
+                tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused, constraint
             )
             rounds.verified(len(tokens), accepted, proposal.source == "copy", proposal.source == "traffic")
             tried = len(tokens) + int(proposal.grammar_refused and accepted == len(tokens))
@@ -430,9 +427,7 @@ def decode(
             if constraint is not None:
                 constraint.consume(tokens[:accepted])
             state.pending.append(step.features[: len(run) + accepted])
-            # masked already (row ``accepted`` of the span's masks is the state the accepted tokens leave), so the
-            # next anchor is picked without computing the same mask again
-            logits, masked = step_logits[accepted], True
+            logits = step_logits[accepted]  # where the next anchor comes from when verification left none
             produced += len(run) + accepted
             yield [*run, *tokens[:accepted]]
     finally:

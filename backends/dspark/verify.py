@@ -4,8 +4,9 @@ target keeps, the token after them, and the statistics of each round.
 ``exact`` verification keeps greedy output identical to plain decoding (the longest prefix equal to the target's
 argmax) and sampled output equal in distribution (speculative sampling: accept x with probability min(1, p/q),
 resample from max(0, p - q) at the first rejection, draw a bonus token when all survive). ``confidence`` keeps
-the whole draft unverified. Under a grammar the target's logits are masked first, so a token the grammar refuses
-has p = 0 and is rejected like any other.
+the whole draft unverified. Under a grammar a token the grammar refuses is never the target's choice: greedy
+takes each position's argmax among the allowed tokens, and sampling masks the logits first, so such a token has
+p = 0 and is rejected like any other.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from backends.constraints import GrammarConstraint
-from backends.sampling import sample, token_probs
+from backends.sampling import greedy_tokens, sample, token_probs
 from backends.types import GenerationRequest, GenerationStats, SpanStats
 
 
@@ -32,24 +33,31 @@ def verify(
     verification: str,
     generator: torch.Generator | None,
     refused_probs: torch.Tensor | None = None,
+    constraint: GrammarConstraint | None = None,
 ) -> tuple[int, int | None]:
-    """Accepted draft tokens and, when sampling, the token after them (None: the next round picks it from the
-    logits at the last kept position). ``draft_probs`` [len(draft), V] are the distributions the draft was drawn
-    from; ``refused_probs`` that of one more drafted token the grammar refused (see :func:`verify_sampled`)."""
+    """Accepted draft tokens and the token after them (None, unverified: the next round picks it from the logits at
+    the last kept position). ``logits`` [len(draft) + 1, V] are the verifying pass's, before ``constraint``'s
+    masks (the grammar's state before the draft); ``draft_probs`` [len(draft), V] the distributions the draft was
+    drawn from; ``refused_probs`` that of one more drafted token the grammar refused (see :func:`verify_sampled`)."""
     if verification == "confidence":
         return len(draft), None
     if request.greedy:
-        return verify_greedy(draft, logits), None
-    return verify_sampled(draft, draft_probs, token_probs(logits, request), generator, refused_probs)
+        return verify_greedy(draft, logits, constraint)
+    target_probs = token_probs(masked_by_grammar(logits, draft, constraint), request)
+    return verify_sampled(draft, draft_probs, target_probs, generator, refused_probs)
 
 
-def verify_greedy(draft: list[int], target_logits: torch.Tensor) -> int:
-    """How many draft tokens equal the base model's argmax at their position."""
-    targets = torch.argmax(target_logits[: len(draft)], dim=-1).tolist()
+def verify_greedy(
+    draft: list[int], target_logits: torch.Tensor, constraint: GrammarConstraint | None = None
+) -> tuple[int, int]:
+    """How many draft tokens equal the base model's argmax at their position (under the grammar), and its argmax
+    after them: the correction, or with every token kept, the bonus."""
+    rows = target_logits[: len(draft) + 1]
+    targets = constraint.greedy(rows, draft) if constraint is not None else greedy_tokens(rows)
     accepted = 0
     while accepted < len(draft) and draft[accepted] == targets[accepted]:
         accepted += 1
-    return accepted
+    return accepted, targets[accepted]
 
 
 def verify_sampled(
