@@ -9,7 +9,8 @@ Each step of the loop:
    ``prefill_tokens`` padded positions, the oldest newcomer even past it), so newcomers stall the others for
    one prefill at most, and a step with many newcomers pays for one forward, not one each;
 3. answer the published drafter's *budget* and *schedule* questions across the whole batch (Algorithm 1:
-   the verification length of every request from every request's confidence and the cost of the forward);
+   the verification length of every request from every request's confidence and the cost of the forward,
+   priced at what the engine's recent rounds cost beyond it, :class:`~backends.scheduling.RoundCost`);
 4. run one *forward* pass over every row, each fed its own tokens, and hand each loop its outputs; the loops
    verify and commit on their own, and a request that has ended (EOS, stop, length, grammar, cancelled)
    leaves the batch at once.
@@ -38,7 +39,7 @@ from backends.loading import LoadedModel
 from backends.packed.kv import PackedKV
 from backends.packed.pool import serial_torch_on_this_thread
 from backends.packed.prefix_cache import PrefixCache
-from backends.scheduling import schedule_batch
+from backends.scheduling import RoundCost, schedule_batch
 from backends.sequence import Sequence
 from backends.steps import Budget, Forward, Rewind, Schedule
 
@@ -99,6 +100,7 @@ class DecodeEngine:
         self._stopping = False
         _ENGINES.add(self)
         self.observers: list[Observer] = []
+        self.round_cost = RoundCost()
 
     @property
     def prefix_cache_bytes(self) -> int:
@@ -210,17 +212,23 @@ class DecodeEngine:
         for sequence in [s for s in self._running if s.cancelled.is_set()]:
             self._retire(sequence, finished=False)
         prefilled = self._prefill()
+        started = time.perf_counter()
         rows = [s for s in self.kv.members if s.pending is not None]
         if not rows:
             return
+        curve = None  # the profiled curve this round's Algorithm 1 weighed, to price the round against
         for sequence in rows:
             if isinstance(sequence.pending, Budget):
                 ask = sequence.pending
-                self._advance(sequence, ask.schedule.budget(len(rows), ask.limit, ask.expected))
+                curve = ask.schedule.sps if ask.schedule.batched else curve
+                schedule = self.round_cost.priced(ask.schedule)
+                answered = time.perf_counter()
+                self._advance(sequence, schedule.budget(len(rows), ask.limit, ask.expected))
+                started += time.perf_counter() - answered  # its drafting, which the budget weighs on its own
         scheduled = [s for s in rows if isinstance(s.pending, Schedule)]
-        budgets = schedule_batch(
-            [(s.pending.schedule, s.pending.confidence, s.pending.limit) for s in scheduled], len(rows)
-        )
+        asks = [(self.round_cost.priced(s.pending.schedule), s.pending.confidence, s.pending.limit) for s in scheduled]
+        curve = next((s.pending.schedule.sps for s in scheduled if s.pending.schedule.batched), curve)
+        budgets = schedule_batch(asks, len(rows))
         for sequence, length in zip(scheduled, budgets):
             self._advance(sequence, length)
         rows = [s for s in self.kv.members if s.pending is not None]
@@ -232,6 +240,8 @@ class DecodeEngine:
         outputs = self.kv.step(inputs, any(s.pending.hidden_states for s in rows))
         for sequence, out in zip(rows, outputs):
             self._advance(sequence, out)
+        if curve is not None:
+            self.round_cost.add(time.perf_counter() - started, sum(map(len, inputs)), curve)
         record = StepRecord(rows=len(rows), tokens=sum(map(len, inputs)), budgets=budgets, prefilled=prefilled)
         for observer in self.observers:
             observer(record)

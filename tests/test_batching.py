@@ -17,7 +17,7 @@ from backends.dspark import published_decode
 from backends.dspark.backend import DSparkBackend
 from backends.engine import BatchLimits, StepRecord
 from backends.errors import QueueFullError
-from backends.scheduling import SpsCurve, VerifySchedule, choose_lengths, draft_budget
+from backends.scheduling import RoundCost, SpsCurve, VerifySchedule, choose_lengths, draft_budget
 from router.pools import InProcessPool
 from tests.test_dspark import assert_equal_or_near_tie, perturbed_heads_model
 from tests.test_dspark_drafter import perturbed_drafter
@@ -135,6 +135,8 @@ def test_batched_dspark_exact_equals_solo_greedy_autoregressive(heads_model):
         for request, alone, together in zip(MIX, reference, batched):
             prompt = tokenizer(request.prompt)["input_ids"]
             assert_equal_or_near_tie(heads_model, prompt, alone.token_ids, together.token_ids)
+    assert backends["published"].engine.round_cost.rounds > 0, "Algorithm 1 priced at the rounds it ran"
+    assert backends["autoregressive"].engine.round_cost.rounds == 0
 
 
 @pytest.mark.parametrize("kind", ["autoregressive", "heads", "published-fixed-block"])
@@ -283,6 +285,27 @@ def test_the_verification_budget_shrinks_as_the_batch_grows():
     assert per_request[0] == 7 and per_request[-1] == 0
     assert per_request == sorted(per_request, reverse=True)
     assert choose_lengths([confident], sps, rows=16) == [0]
+
+
+def test_a_round_dearer_than_its_forward_makes_a_verified_token_worth_less_certainty():
+    """At 16 rows on a curve compute-bound past 16 tokens, one more token lengthens the forward by 6%, so Algorithm 1
+    admits no draft of survival 0.6. Rounds measured 20 ms beyond their forward make it 2% of the round, and the first
+    two tokens pay. Nothing is priced before a round is measured, nor a schedule that weighs no curve."""
+    sps = SpsCurve({n: 100.0 * min(1.0, 16 / n) for n in range(1, 513)})
+    survival = [0.6**k for k in range(1, 5)]
+    cost = RoundCost()
+    schedule = VerifySchedule(sps=sps)
+    assert cost.priced(schedule) is schedule
+    assert choose_lengths([survival], sps, rows=16) == [0]
+    cost.add(0.030, 16, sps)  # the forward of 16 tokens costs 10 ms on the curve
+    priced = cost.priced(schedule)
+    assert priced.sps.overhead_s == pytest.approx(0.020) and priced.sps.steps_per_s is sps.steps_per_s
+    assert choose_lengths([survival], priced.sps, rows=16) == [2]
+    assert draft_budget(sps, 16, 4) == 0 and draft_budget(priced.sps, 16, 4) == 4
+    cost.add(0.010, 16, sps)  # a round no dearer than its forward moves the running mean a tenth of the way
+    assert cost.priced(schedule).sps.overhead_s == pytest.approx(0.018)
+    static = VerifySchedule(sps=sps, threshold=0.5)
+    assert cost.priced(static) is static
 
 
 def test_drafting_must_pay_for_the_drafter_pass():
