@@ -68,7 +68,7 @@ SUITE: tuple[Step, ...] = (
     Step(
         "batching-trace",
         (
-            *("--mix", "trace", "--per-set", "6", "--window", "10", "--concurrency", "4,16"),
+            *("--mix", "trace", "--per-set", "40", "--window", "10", "--concurrency", "4,16"),
             *("--contenders", "batched,dspark_scheduled"),
             *("--json", "{results}/batching-trace.json", "--plot", "{results}/batching-trace.png"),
         ),
