@@ -65,8 +65,10 @@ def trace_workload(per_job: int, seed: int) -> list[GenerationRequest]:
 
 def closed_loop(complete: Complete, requests: list[GenerationRequest], clients: int, window_s: float) -> dict:
     """``clients`` threads sending requests back to back until the window closes; answers still in flight then
-    are waited for and counted."""
-    order = itertools.cycle(requests)
+    are waited for and counted. Each pass over ``requests`` is a cache scope of its own, so a DSpark pool never
+    drafts a request's answer from its own answer a pass before (a window outlasts a pass at 16 clients): within
+    a pass, what one request's answer teaches the next is measured, as an agent's traffic would show it."""
+    order = (r.model_copy(update={"cache_scope": f"pass-{n}"}) for n in itertools.count() for r in requests)
     lock = threading.Lock()
     runs: list[tuple[int, float]] = []
     errors: list[str] = []

@@ -173,7 +173,9 @@ def available_drafters(folder: Path) -> list[str]:
 
 
 class Contenders:
-    """Each contender as a function request -> Run, all sharing one loaded base model."""
+    """Each contender as a function request -> Run, all sharing one loaded base model. Every DSpark variant drafts
+    from its own earlier answers (a traffic cache scope of its own): each prompt is run by every variant in turn, and
+    a shared cache would hand the later ones the earlier ones' answer to the very prompt they decode."""
 
     def __init__(
         self,
@@ -213,8 +215,9 @@ class Contenders:
             if self.confidence_mode and variant in DRAFTERS:
                 modes.append(("_confidence", options.model_copy(update={"verification": "confidence"})))
             for suffix, chosen in modes:
-                runners[f"dspark_{variant}{suffix}"] = lambda r, o=chosen: self._local(
-                    self.dspark, r.model_copy(update={"dspark": o})
+                name = f"dspark_{variant}{suffix}"
+                runners[name] = lambda r, o=chosen, scope=name: self._local(
+                    self.dspark, r.model_copy(update={"dspark": o, "cache_scope": r.cache_scope or scope})
                 )
         return runners
 
@@ -321,11 +324,15 @@ def set_summary(
     return summary
 
 
+WARM_UP = "bench-decode-warm-up"
+
+
 def warm_ups(sets: list[PromptSet]) -> list[GenerationRequest]:
-    """A short request at each temperature the sets use, so greedy and sampling paths are both warm."""
+    """A short request at each temperature the sets use, so greedy and sampling paths are both warm; in a traffic
+    scope of their own, so the first prompt's measured runs do not draft from its warm-up's answer."""
     first = next(s for s in sets if s.requests).requests[0]
     temperatures = dict.fromkeys(s.temperature for s in sets if s.requests)
-    return [first.model_copy(update={"max_tokens": 8, "temperature": t}) for t in temperatures]
+    return [first.model_copy(update={"max_tokens": 8, "temperature": t, "cache_scope": WARM_UP}) for t in temperatures]
 
 
 def run_benchmark(

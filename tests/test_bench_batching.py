@@ -44,3 +44,22 @@ def test_the_trace_mix_interleaves_every_job_with_other_contents_at_each_level()
     contents = lambda workload: {r.messages[-1].content for r in workload}  # noqa: E731
     assert len(contents(four) & contents(sixteen)) < len(four) / 4  # jobs with few contents repeat some
     assert contents(four) == contents(batching.trace_workload(3, seed=4))
+
+
+def test_a_pass_over_the_workload_never_drafts_from_the_pass_before():
+    """The closed loop outlasts a pass over its requests: each pass is a cache scope of its own, so a request sent
+    again finds none of its earlier answer, while the requests of one pass share a scope."""
+    from backends.types import GenerationRequest
+
+    requests = [GenerationRequest(prompt=f"request {i}", max_tokens=4) for i in range(3)]
+    sent: list[tuple[str, str]] = []
+
+    def complete(request: GenerationRequest) -> int:
+        sent.append((request.prompt, request.cache_scope))
+        return 1
+
+    loop = batching.closed_loop(complete, requests, clients=1, window_s=0.05)
+    assert loop["requests"] == len(sent) > 2 * len(requests)
+    assert len(set(sent)) == len(sent), "no request twice in one scope"
+    passes = [sent[i : i + 3] for i in range(0, len(sent) - 2, 3)]
+    assert all({scope for _, scope in one} == {f"pass-{n}"} for n, one in enumerate(passes))

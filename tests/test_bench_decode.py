@@ -115,3 +115,16 @@ def test_round_counts_the_benchmark_pools_are_consistent(both_drafters, drafter,
     assert all(a <= r for a, r in zip(accepted, reached))
     assert all(later <= a for later, a in zip(reached[1:], accepted))
     assert sum(accepted) == sum((n - 1) * count for n, count in spans.accepted_span_hist.items())
+
+
+def test_each_variant_drafts_only_from_its_own_answers(both_drafters):
+    """Every variant runs each prompt in turn on one backend: the hybrid must not draft the prompt's answer from the
+    drafter's run just before it, nor from its warm-up, only (run again) from its own."""
+    contenders = decode.Contenders(both_drafters, both_drafters, ["dspark", "hybrid"])
+    runners = contenders.runners()
+    request = GenerationRequest(prompt="Reverse a string in Python.", max_tokens=24, temperature=0.0)
+    (warm_up,) = decode.warm_ups([decode_sets.PromptSet("code", 0.0, [request])])
+    runners["dspark_hybrid"](warm_up)
+    runners["dspark_dspark"](request)
+    assert runners["dspark_hybrid"](request).spans.traffic_rounds == 0
+    assert runners["dspark_hybrid"](request).spans.traffic_rounds > 0
