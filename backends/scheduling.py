@@ -25,6 +25,8 @@ TIE = 1e-9
 """Relative margin below which tau * SPS counts as not improved: a compute-bound forward ties exactly, in theory."""
 PROFILE_FILE = "dspark_sps.json"
 """Beside the model: one stored curve per machine key (``backends/dspark/profile.py``), read by the router too."""
+FASTEST_SHARE = 0.25
+"""A round priced below the profiled forward (:meth:`SpsCurve.plus`) is taken to cost at least this share of it."""
 DEFAULT_VERIFY_TOKENS = 4.0
 """k + 1 for a DSpark pool before it has decoded a request alone: the span heads' longest span."""
 
@@ -57,12 +59,16 @@ class SpsCurve:
         compute-bound: its time grows with its length."""
         shortest, table = self._table
         rate = table[tokens - shortest] if shortest <= tokens < shortest + len(table) else self._rate(tokens)
-        return rate if not self.overhead_s else 1.0 / (1.0 / rate + self.overhead_s)
+        if not self.overhead_s:
+            return rate
+        return 1.0 / max(1.0 / rate + self.overhead_s, FASTEST_SHARE / rate)
 
     def plus(self, seconds: float) -> SpsCurve:
         """This curve for rounds that each cost ``seconds`` more than their forward (what a batch's round measured
-        beyond it, :class:`RoundCost`); its table is this one's, not worked out again."""
-        curve = SpsCurve(self.steps_per_s, max(0.0, seconds))
+        beyond it, :class:`RoundCost`), or less where ``seconds`` is negative: the machine runs faster than when it
+        was profiled (a noisy host's clocks), so every length is that much quicker and a longer one dearer beside a
+        step than the curve says. Its table is this one's, not worked out again."""
+        curve = SpsCurve(self.steps_per_s, seconds)
         curve.__dict__["_table"] = self._table  # what cached_property would compute: the forward's own rates
         return curve
 
@@ -170,14 +176,16 @@ class RoundCost:
     """What a batch's round costs beyond the profiled forward of the tokens it feeds, a running mean over an
     engine's recent rounds, so Algorithm 1 weighs a verified token against the whole round it lengthens.
 
-    The curve is profiled on one sequence after a short context, and a round is more: the forward of R rows
-    reads each row's own keys and values (16 rows after 400 tokens of context: 25.8 ms against 10.4 ms for one
-    row of 16 tokens, Intel Xeon with AMX, 2 cores), and each row's loop runs its Python between forwards (its
-    grammar's masks, lookups, verification). A token costs the same in either case, so against the curve alone
-    an extra one looked three times dearer than it was: at 16 rows Algorithm 1 admitted only drafts all but
-    certain, and the DSpark pool ran at 0.84x plain batching on an agent's templated traffic whose answers the
-    traffic cache drafts well. Prefills are left out (a request's cost, not a round's), and so is drafting,
-    which the budget weighs on its own (``draft_s``). Measured from earlier rounds only, so no round's
+    The curve is profiled on one sequence after a short context, and a round is more: the forward of R rows reads
+    each row's own keys and values (16 rows after 400 tokens of context: 25.8 ms against 10.4 ms for one row of 16
+    tokens, Intel Xeon with AMX, 2 cores), and each row's loop runs its Python between forwards (its grammar's
+    masks, lookups, verification). A token costs the same in either case, so against the curve alone an extra one
+    looked three times dearer than it was: at 16 rows Algorithm 1 admitted only drafts all but certain, and the
+    DSpark pool ran at 0.84x plain batching on an agent's templated traffic whose answers the traffic cache drafts
+    well. A round may also cost less than its forward was profiled at, on a host whose clocks have changed since
+    (a lone request's step ran in 2.9 ms against the curve's 4.3 on that Xeon): then a longer forward is dearer
+    beside a step than the curve says. Prefills are left out (a request's cost, not a round's), and so is
+    drafting, which the budget weighs on its own (``draft_s``). Measured from earlier rounds only, so no round's
     verification depends on its own draft."""
 
     WEIGHT = 0.1

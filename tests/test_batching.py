@@ -17,7 +17,7 @@ from backends.dspark import published_decode
 from backends.dspark.backend import DSparkBackend
 from backends.engine import BatchLimits, StepRecord
 from backends.errors import QueueFullError
-from backends.scheduling import RoundCost, SpsCurve, VerifySchedule, choose_lengths, draft_budget
+from backends.scheduling import FASTEST_SHARE, RoundCost, SpsCurve, VerifySchedule, choose_lengths, draft_budget
 from router.pools import InProcessPool
 from tests.test_dspark import assert_equal_or_near_tie, perturbed_heads_model
 from tests.test_dspark_drafter import perturbed_drafter
@@ -306,6 +306,12 @@ def test_a_round_dearer_than_its_forward_makes_a_verified_token_worth_less_certa
     assert cost.priced(schedule).sps.overhead_s == pytest.approx(0.018)
     static = VerifySchedule(sps=sps, threshold=0.5)
     assert cost.priced(static) is static
+    faster = RoundCost()  # rounds quicker than the profile: a longer forward is dearer beside a step than it says
+    faster.add(0.004, 1, sps)
+    quick = faster.priced(schedule).sps
+    assert quick.at(1) == pytest.approx(250.0) and quick.at(32) / quick.at(1) < sps.at(32) / sps.at(1)
+    faster.add(-1.0, 1, sps)  # however far below it a round measured, a forward keeps a share of its profiled time
+    assert faster.priced(schedule).sps.at(1) == pytest.approx(100.0 / FASTEST_SHARE)
 
 
 def test_drafting_must_pay_for_the_drafter_pass():
