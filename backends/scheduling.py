@@ -34,11 +34,12 @@ DEFAULT_VERIFY_TOKENS = 4.0
 @dataclass(frozen=True)
 class SpsCurve:
     """Target forward passes per second by forward length in tokens (1, 2, ...), as profiled; with
-    ``overhead_s``, rounds per second of a loop whose every round costs that much beyond its forward
-    (:meth:`plus`)."""
+    ``overhead_s`` and ``per_token_s``, rounds per second of a loop whose rounds cost that much beyond their
+    forward, once and per token (:meth:`plus`)."""
 
     steps_per_s: dict[int, float]
     overhead_s: float = 0.0
+    per_token_s: float = 0.0
 
     @classmethod
     def from_stored(cls, stored: Mapping[str, float]) -> SpsCurve:
@@ -59,16 +60,16 @@ class SpsCurve:
         compute-bound: its time grows with its length."""
         shortest, table = self._table
         rate = table[tokens - shortest] if shortest <= tokens < shortest + len(table) else self._rate(tokens)
-        if not self.overhead_s:
+        if not self.overhead_s and not self.per_token_s:
             return rate
-        return 1.0 / max(1.0 / rate + self.overhead_s, FASTEST_SHARE / rate)
+        return 1.0 / max(1.0 / rate + self.overhead_s + self.per_token_s * tokens, FASTEST_SHARE / rate)
 
-    def plus(self, seconds: float) -> SpsCurve:
-        """This curve for rounds that each cost ``seconds`` more than their forward (what a batch's round measured
-        beyond it, :class:`RoundCost`), or less where ``seconds`` is negative: the machine runs faster than when it
-        was profiled (a noisy host's clocks), so every length is that much quicker and a longer one dearer beside a
-        step than the curve says. Its table is this one's, not worked out again."""
-        curve = SpsCurve(self.steps_per_s, seconds)
+    def plus(self, seconds: float, per_token_s: float = 0.0) -> SpsCurve:
+        """This curve for rounds that each cost ``seconds`` plus ``per_token_s`` a token more than their forward
+        (what an engine's rounds measured beyond it, :class:`RoundCost`), or less where ``seconds`` is negative: the
+        machine runs faster than when it was profiled (a noisy host's clocks). Its table is this one's, not worked
+        out again."""
+        curve = SpsCurve(self.steps_per_s, seconds, per_token_s)
         curve.__dict__["_table"] = self._table  # what cached_property would compute: the forward's own rates
         return curve
 
@@ -173,42 +174,62 @@ def prefix_survival(confidence: Sequence[float]) -> list[float]:
 
 
 class RoundCost:
-    """What a batch's round costs beyond the profiled forward of the tokens it feeds, a running mean over an
-    engine's recent rounds, so Algorithm 1 weighs a verified token against the whole round it lengthens.
+    """What an engine's rounds cost beyond the profiled forward of the tokens they feed: a fixed part and a part
+    per token fed, a least-squares line over recent rounds (running means, recent rounds weighing most), so
+    Algorithm 1 weighs a verified token against the whole round it lengthens, at what a token really adds to it.
 
     The curve is profiled on one sequence after a short context, and a round is more: the forward of R rows reads
     each row's own keys and values (16 rows after 400 tokens of context: 25.8 ms against 10.4 ms for one row of 16
     tokens, Intel Xeon with AMX, 2 cores), and each row's loop runs its Python between forwards (its grammar's
-    masks, lookups, verification). A token costs the same in either case, so against the curve alone an extra one
-    looked three times dearer than it was: at 16 rows Algorithm 1 admitted only drafts all but certain, and the
-    DSpark pool ran at 0.84x plain batching on an agent's templated traffic whose answers the traffic cache drafts
-    well. A round may also cost less than its forward was profiled at, on a host whose clocks have changed since
-    (a lone request's step ran in 2.9 ms against the curve's 4.3 on that Xeon): then a longer forward is dearer
-    beside a step than the curve says. Prefills are left out (a request's cost, not a round's), and so is
-    drafting, which the budget weighs on its own (``draft_s``). Measured from earlier rounds only, so no round's
-    verification depends on its own draft."""
+    masks, lookups, verification). Against the curve alone an extra token looked three times dearer than it was:
+    at 16 rows Algorithm 1 admitted only drafts all but certain, and the DSpark pool ran at 0.84x plain batching
+    on an agent's templated traffic whose answers the traffic cache drafts well. Past a short context a token also
+    costs more than the curve's slope (each verified token's attention over the context, and its argmax and
+    bookkeeping): on that Xeon a lone request verified copies at 0.15 tokens kept a round on MT-Bench, 0.73x plain
+    decoding, and priced per token 0.83x. And a round may cost less than its forward was profiled at, on a host
+    whose clocks have changed since (a lone step in 2.9 ms against the curve's 4.3): the fixed part is then
+    negative. Prefills are left out (a request's cost, not a round's), and so is drafting, which the budget weighs
+    on its own (``draft_s``). Measured from earlier rounds only, so no round's verification depends on its own
+    draft."""
 
     WEIGHT = 0.1
+    SPREAD = 0.25
+    """The least variance of the tokens fed (rounds of one length say nothing of a token's cost) before a slope is
+    read; until then, and where the line slopes down (noise), a token costs what the curve says."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        """Mean seconds beyond the curve."""
+        self.tokens = 0.0
+        """Mean tokens fed."""
+        self.variance = self.covariance = 0.0
         self.rounds = 0
         self._curve: SpsCurve | None = None
         self._priced: SpsCurve | None = None
 
     def add(self, seconds: float, tokens: int, sps: SpsCurve) -> None:
         """One round of ``seconds`` (its prefill left out) that fed ``tokens``, priced by the profiled ``sps``."""
-        extra = seconds - 1.0 / sps.at(tokens)
-        self.seconds += (self.WEIGHT if self.rounds else 1.0) * (extra - self.seconds)
+        weight = self.WEIGHT if self.rounds else 1.0
+        dx, dy = tokens - self.tokens, seconds - 1.0 / sps.at(tokens) - self.seconds
+        self.tokens += weight * dx
+        self.seconds += weight * dy
+        self.variance += weight * ((1 - weight) * dx * dx - self.variance)
+        self.covariance += weight * ((1 - weight) * dx * dy - self.covariance)
         self.rounds += 1
         self._priced = None
+
+    @property
+    def per_token_s(self) -> float:
+        """Seconds a token fed adds beyond the curve's slope."""
+        return max(0.0, self.covariance / self.variance) if self.variance > self.SPREAD else 0.0
 
     def priced(self, schedule: VerifySchedule) -> VerifySchedule:
         """``schedule`` weighing rounds as they have cost (itself where it does not weigh a curve)."""
         if not schedule.batched or not self.rounds:
             return schedule
         if self._priced is None or self._curve is not schedule.sps:
-            self._curve, self._priced = schedule.sps, schedule.sps.plus(self.seconds)
+            slope = self.per_token_s
+            self._curve, self._priced = schedule.sps, schedule.sps.plus(self.seconds - slope * self.tokens, slope)
         return replace(schedule, sps=self._priced)
 
 

@@ -314,6 +314,26 @@ def test_a_round_dearer_than_its_forward_makes_a_verified_token_worth_less_certa
     assert faster.priced(schedule).sps.at(1) == pytest.approx(100.0 / FASTEST_SHARE)
 
 
+def test_a_token_dearer_than_the_curve_says_is_priced_at_what_rounds_measured():
+    """On a curve flat to 16 tokens a verified token is free, so Algorithm 1 verifies a draft of survival 0.03.
+    Rounds whose time grows 0.5 ms a token fed (each token's attention over a long context, its bookkeeping) make
+    the line's slope that, and that draft is not worth its token. Rounds all of one length say nothing of a
+    token's cost."""
+    sps = SpsCurve({n: 100.0 for n in range(1, 17)})
+    cost = RoundCost()
+    for tokens in [1, 4, 2, 6] * 10:
+        cost.add(0.010 + 0.002 + 0.0005 * tokens, tokens, sps)
+    assert cost.per_token_s == pytest.approx(0.0005)
+    priced = cost.priced(VerifySchedule(sps=sps)).sps
+    assert 1 / priced.at(5) - 1 / priced.at(1) == pytest.approx(0.002)
+    assert choose_lengths([[0.03]], sps) == [1] and choose_lengths([[0.03]], priced) == [0]
+    assert choose_lengths([[0.5]], priced) == [1]
+    same = RoundCost()
+    for _ in range(20):
+        same.add(0.015, 4, sps)
+    assert same.per_token_s == 0.0 and same.seconds == pytest.approx(0.005)
+
+
 def test_drafting_must_pay_for_the_drafter_pass():
     """A drafter pass that costs what a forward does: a lone request drafts only as far as its expected
     survivals pay for the pass, a batch that earns little from one request's draft not at all, and a free
