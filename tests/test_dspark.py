@@ -120,6 +120,21 @@ def test_verify_sampled_keeps_the_target_distribution():
     assert 0.5 * (bonus / bonus.sum() - after).abs().sum().item() < 0.02
 
 
+def test_a_certain_draft_verifies_as_its_one_hot_distribution_draw_for_draw():
+    """A looked-up block passes no draft distribution, each token certain under it (q = 1): seeded alike, it keeps
+    the same tokens and draws the same correction or bonus as one-hot rows of the vocabulary would."""
+    generator = torch.Generator().manual_seed(3)
+    vocab, outcomes = 8, set()
+    for trial in range(300):
+        target = torch.softmax(torch.randn(4, vocab, generator=generator) * 3, dim=-1)
+        draft = [int(sample(row, generator)) if trial % 2 else int(row.argmax()) for row in target[:3]]
+        one_hot = torch.nn.functional.one_hot(torch.tensor(draft), vocab).float()
+        certain = verify_sampled(draft, None, target, torch.Generator().manual_seed(trial))
+        assert certain == verify_sampled(draft, one_hot, target, torch.Generator().manual_seed(trial))
+        outcomes.add(certain[0])
+    assert outcomes == {0, 1, 2, 3}
+
+
 def test_a_draft_token_the_grammar_refuses_counts_as_a_rejection():
     """Under a grammar the draft is cut before a token the grammar refuses (p = 0 there). That token was drafted
     from q, so the token in its place must come from max(0, p - q): drawing it from p would over-weight what q

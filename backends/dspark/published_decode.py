@@ -10,7 +10,7 @@ correction token of the previous round, or the target's own next token):
    With ``lookup`` on, a block copied from the context (:mod:`backends.dspark.lookup`: the tokens that followed
    the latest earlier occurrence of the newest n-gram) may stand in for the drafter's block, chosen before
    drafting from what copies after a match as long have earned in the pool and drafts in this request so far; a
-   round that copies skips the drafter's pass, and its one-hot draft distribution is verified like any other;
+   round that copies skips the drafter's pass, and its block, certain under it (q = 1), is verified like any other;
 2. ``schedule``: the verification length, by Algorithm 1 from prefix survival and the profiled SPS curve (or a
    static threshold); under a grammar the verified draft is further cut at the first token the grammar refuses.
    Algorithm 1 weighs every request in the batch at once, so the loop asks the engine twice: before drafting,
@@ -180,20 +180,14 @@ def expected_rate(schedule: VerifySchedule, confidence: list[float], drafting_s:
     return expected / (1.0 / schedule.sps.at(1 + len(confidence)) + drafting_s)
 
 
-def one_hot(tokens: list[int], vocab_size: int, device: torch.device) -> torch.Tensor:
-    """A copied block's draft distributions: each token certain."""
-    rows = torch.zeros(len(tokens), vocab_size, device=device)
-    rows[torch.arange(len(tokens)), torch.tensor(tokens, dtype=torch.long)] = 1.0
-    return rows
-
-
 @dataclass
 class Proposal:
     """What a round verifies after its anchor."""
 
     tokens: list[int]
     probs: torch.Tensor | None = None
-    """[len(tokens), V] the distributions they were drawn from (sampling only)."""
+    """[len(tokens), V] the distributions the drafter drew them from (sampling only; None for a looked-up block,
+    whose tokens are certain under it)."""
     refused: torch.Tensor | None = None
     """The distribution of the drafted token the grammar refused right after ``tokens`` (see
     :func:`~backends.dspark.verify.verify_sampled`)."""
@@ -310,7 +304,6 @@ def propose(
     request: GenerationRequest,
     generator: torch.Generator | None,
     constraint: GrammarConstraint | None,
-    vocab_size: int,
     cost: DraftCost,
     drafts: bool = True,
 ) -> Generator[Step, int, Proposal]:
@@ -327,8 +320,7 @@ def propose(
         expected = tuple(prefix_survival(best.confidence))
         budget = yield Budget(replace(schedule, draft_s=0.0), len(best.tokens), expected)
         length = (yield Schedule(schedule, best.confidence, budget)) if budget else 0
-        probs = None if request.greedy else one_hot(best.tokens, vocab_size, torch.device("cpu"))
-        return replace(cut(best.tokens, length, probs, constraint), match=best.match, source=best.source)
+        return replace(cut(best.tokens, length, None, constraint), match=best.match, source=best.source)
     if schedule.lookup == "only" or not drafts:
         return Proposal([])
     # None expected (optimistic) on a probe, so a request whose drafts stopped paying is tried again
@@ -401,7 +393,6 @@ def decode(
                 request,
                 generator,
                 constraint,
-                logits.shape[-1],
                 cost,
                 drafts=len(run) == 1,
             )

@@ -38,7 +38,8 @@ def verify(
     """Accepted draft tokens and the token after them (None, unverified: the next round picks it from the logits at
     the last kept position). ``logits`` [len(draft) + 1, V] are the verifying pass's, before ``constraint``'s
     masks (the grammar's state before the draft); ``draft_probs`` [len(draft), V] the distributions the draft was
-    drawn from; ``refused_probs`` that of one more drafted token the grammar refused (see :func:`verify_sampled`)."""
+    drawn from (None when sampling: each token certain, a looked-up block's); ``refused_probs`` that of one more
+    drafted token the grammar refused (see :func:`verify_sampled`)."""
     if verification == "confidence":
         return len(draft), None
     if request.greedy:
@@ -76,7 +77,10 @@ def verify_sampled(
     uniform is drawn at once: the draws are independent, so those past the first rejection are simply unused,
     and the test is one vectorised comparison instead of a Python loop over scalars. ``refused_probs`` stands for
     one more drafted token after the draft that the grammar refused: certainly rejected (p = 0), so what follows
-    the draft is drawn from max(0, p - q) with its q, as for any rejection, not from p; that keeps output exact."""
+    the draft is drawn from max(0, p - q) with its q, as for any rejection, not from p; that keeps output exact.
+    ``draft_probs`` None: every draft token was certain under its draft (q = 1, a block copied from the context
+    or the traffic), where building one-hot rows of the vocabulary's width cost a sampled round 2% of its time;
+    a certain token the grammar refused needs no ``refused_probs``, since max(0, p - q) is p where p is 0."""
 
     def after_draft() -> int:
         if refused_probs is not None:
@@ -87,18 +91,24 @@ def verify_sampled(
         return 0, after_draft()
     positions = torch.arange(len(draft), device=target_probs.device)
     tokens = torch.tensor(draft, dtype=torch.long, device=target_probs.device)
-    p, q = target_probs[positions, tokens], draft_probs[positions, tokens]
+    p = target_probs[positions, tokens]
+    q = draft_probs[positions, tokens] if draft_probs is not None else torch.ones_like(p)
     u = torch.rand(len(draft), generator=generator, device=target_probs.device)
     rejected = ((q <= 0) | (u * q > p)).tolist()
     if True not in rejected:
         return len(draft), after_draft()
     i = rejected.index(True)
-    return i, draw_residual(target_probs[i], draft_probs[i], generator)
+    return i, draw_residual(target_probs[i], draft_probs[i] if draft_probs is not None else draft[i], generator)
 
 
-def draw_residual(target: torch.Tensor, draft: torch.Tensor, generator: torch.Generator | None) -> int:
-    """The token after a rejected draft token: drawn from max(0, p - q), or from p where q covers it all."""
-    residual = torch.clamp(target - draft, min=0.0)
+def draw_residual(target: torch.Tensor, draft: torch.Tensor | int, generator: torch.Generator | None) -> int:
+    """The token after a rejected draft token: drawn from max(0, p - q), or from p where q covers it all. A draft
+    ``int`` is a token drafted with certainty (a looked-up block's): max(0, p - q) is p without it."""
+    if isinstance(draft, int):
+        residual = target.clone()
+        residual[draft] = 0.0
+    else:
+        residual = torch.clamp(target - draft, min=0.0)
     return int(sample(residual if residual.sum() > 0 else target, generator))
 
 
