@@ -24,6 +24,7 @@ import itertools
 import statistics
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -65,10 +66,12 @@ def trace_workload(per_job: int, seed: int) -> list[GenerationRequest]:
 
 def closed_loop(complete: Complete, requests: list[GenerationRequest], clients: int, window_s: float) -> dict:
     """``clients`` threads sending requests back to back until the window closes; answers still in flight then
-    are waited for and counted. Each pass over ``requests`` is a cache scope of its own, so a DSpark pool never
-    drafts a request's answer from its own answer a pass before (a window outlasts a pass at 16 clients): within
+    are waited for and counted. Each pass over ``requests`` is a cache scope of its own, never used by another
+    loop, so a DSpark pool never drafts a request's answer from its own answer a pass before (a window outlasts a
+    pass at 16 clients) nor from a loop before (the held-out mix sends the same requests at every level): within
     a pass, what one request's answer teaches the next is measured, as an agent's traffic would show it."""
-    order = (r.model_copy(update={"cache_scope": f"pass-{n}"}) for n in itertools.count() for r in requests)
+    loop = uuid.uuid4().hex[:8]
+    order = (r.model_copy(update={"cache_scope": f"{loop}/pass-{n}"}) for n in itertools.count() for r in requests)
     lock = threading.Lock()
     runs: list[tuple[int, float]] = []
     errors: list[str] = []

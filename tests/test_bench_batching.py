@@ -48,7 +48,8 @@ def test_the_trace_mix_interleaves_every_job_with_other_contents_at_each_level()
 
 def test_a_pass_over_the_workload_never_drafts_from_the_pass_before():
     """The closed loop outlasts a pass over its requests: each pass is a cache scope of its own, so a request sent
-    again finds none of its earlier answer, while the requests of one pass share a scope."""
+    again finds none of its earlier answer, while the requests of one pass share a scope; and a later loop (the
+    next concurrency level, sending the same requests) shares no scope with an earlier one."""
     from backends.types import GenerationRequest
 
     requests = [GenerationRequest(prompt=f"request {i}", max_tokens=4) for i in range(3)]
@@ -62,4 +63,10 @@ def test_a_pass_over_the_workload_never_drafts_from_the_pass_before():
     assert loop["requests"] == len(sent) > 2 * len(requests)
     assert len(set(sent)) == len(sent), "no request twice in one scope"
     passes = [sent[i : i + 3] for i in range(0, len(sent) - 2, 3)]
-    assert all({scope for _, scope in one} == {f"pass-{n}"} for n, one in enumerate(passes))
+    scopes = [{scope for _, scope in one} for one in passes]
+    assert all(len(one) == 1 for one in scopes) and len(set.union(*scopes)) == len(passes)
+    assert all(scope.endswith(f"/pass-{n}") for n, (scope,) in enumerate(scopes))
+    first = {scope for _, scope in sent}
+    sent.clear()
+    batching.closed_loop(complete, requests, clients=1, window_s=0.01)
+    assert first.isdisjoint(scope for _, scope in sent), "a later loop drafts from none of an earlier one's answers"
