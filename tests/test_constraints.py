@@ -25,7 +25,7 @@ from backends.constraints import (
     request_grammar,
 )
 from backends.constraints.vocabulary import llg_tokenizer
-from backends.dspark.published_decode import cut
+from backends.dspark.published_decode import Proposal, obeying
 from backends.errors import UnsupportedFormatError
 from backends.loading import load_model
 from backends.modelfactory import END_OF_TEXT, IM_END
@@ -484,14 +484,52 @@ def test_greedy_decoding_with_a_model(tiny_model_paths):
     jsonschema.validate(json.loads(loaded.tokenizer.decode(generated, skip_special_tokens=True)), schema)
 
 
-def test_a_draft_the_grammar_cuts_is_marked_so_its_kind_learns_the_refused_token(constrain, tiny_tokenizer):
-    """The decode loop counts the refused token as rejected (`Proposal.grammar_refused`): a kind of block the
-    grammar always cuts to nothing would otherwise be drafted every round and never learnt from."""
+def test_follow_puts_the_grammars_forced_text_in_a_draft_and_after_it(constrain, tiny_tokenizer):
+    """Plain decoding commits forced text without asking the model, so a draft walked through the grammar carries it
+    flagged: where the draft wrote it too, the draft goes on; where it wrote something else, the forced text takes
+    its place and the rest is dropped; where the draft stops, the forced text after it is appended. Nothing moves the
+    grammar's state, and the walk stays within its limit."""
+    constraint = constrain(response_format={"type": "regex", "regex": r"def-[0-9]{2}-return"})
+    encode = tiny_tokenizer.encode
+    answer = encode("def-12-return")
+    start = constraint.forced_tokens()
+    forced = [token in start or i >= 4 for i, token in enumerate(answer)]
+    assert len(start) == 2 and forced == [True, True, False, False, True, True, True]
+
+    whole = constraint.follow(answer, 64)
+    assert (whole.tokens, whole.forced, whole.drafted, whole.refused) == (answer, forced, len(answer), False)
+    prefix = constraint.follow(answer[:4], 64)  # the draft stops before "-return": it is appended
+    assert (prefix.tokens, prefix.forced, prefix.drafted) == (answer, forced, 4)
+    inside = constraint.follow(answer[:5], 64)  # the draft stops inside forced text, which it wrote as forced
+    assert (inside.tokens, inside.drafted) == (answer, 5)
+    other = constraint.follow(encode("de"), 64)  # not the forced tokens: they stand in the draft's place
+    assert (other.tokens, other.forced, other.drafted) == (start, [True, True], 0)
+    refused = constraint.follow(encode("def-1x"), 64)
+    assert (refused.tokens, refused.drafted, refused.refused) == (answer[:3], 3, True)
+    assert constraint.follow(answer, 4).tokens == answer[:4]
+    assert constraint.follow([], 64).tokens == start
+    assert constraint.forced_tokens() == start and constraint.valid_prefix(answer) == len(answer)
+
+
+def test_a_block_the_grammar_cuts_is_marked_so_its_kind_learns_the_refused_token(constrain, tiny_tokenizer):
+    """The decode loop counts the block's token the grammar stopped as rejected (`Proposal.cut_short`), whether it
+    was refused or forced text stood in its place: a kind of block the grammar always cuts would otherwise be
+    drafted every round and never learnt from. What the block earns is measured on its own tokens only, not on the
+    forced text appended after it."""
     constraint = constrain(response_format={"type": "regex", "regex": r"\d{3}-\d{4}"})
     valid, invalid = tiny_tokenizer.encode("123-4567"), tiny_tokenizer.encode("12a-4567")
-    whole = cut(valid, len(valid), None, constraint)
-    assert whole.tokens == valid and not whole.grammar_refused
-    short = cut(invalid, len(invalid), None, constraint)
-    assert short.tokens == invalid[: constraint.valid_prefix(invalid)] and short.grammar_refused
-    assert not cut(invalid, len(short.tokens), None, constraint).grammar_refused  # the schedule stopped first
-    assert not cut(valid, 2, None, None).grammar_refused
+    whole = obeying(Proposal(valid), constraint, 64)
+    assert whole.tokens == valid and not whole.cut_short and whole.learnt(len(valid)) == (len(valid), len(valid))
+    short = obeying(Proposal(invalid), constraint, 64)
+    kept = constraint.valid_prefix(invalid)
+    assert short.tokens == invalid[:kept] and short.cut_short
+    assert short.learnt(kept) == (kept + 1, kept) and short.learnt(0) == (kept, 0)
+    assert not obeying(Proposal(invalid[:kept]), constraint, 64).cut_short  # the schedule stopped first
+    assert obeying(Proposal(valid[:2]), None, 64).tokens == valid[:2]
+
+    words = constrain(response_format={"type": "regex", "regex": r"def-[0-9]{2}-return"})
+    answer = tiny_tokenizer.encode("def-12-return")
+    appended = obeying(Proposal(answer[:4]), words, 64)
+    assert appended.tokens == answer and not appended.cut_short and appended.learnt(len(answer)) == (4, 4)
+    replaced = obeying(Proposal(tiny_tokenizer.encode("de")), words, 64)
+    assert replaced.tokens == answer[:2] and replaced.cut_short and replaced.learnt(2) == (1, 0)

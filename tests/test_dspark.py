@@ -12,7 +12,7 @@ from backends import AutoregressiveBackend, GenerationRequest, ModelLoadError
 from backends.dspark.backend import DSparkBackend
 from backends.dspark.model import DSparkModel
 from backends.dspark.selection import SpanPolicy
-from backends.dspark.verify import verify_sampled
+from backends.dspark.verify import verify_greedy, verify_sampled
 from backends.sampling import sample
 from tests.conftest import ARCHITECTURES
 
@@ -133,6 +133,37 @@ def test_a_certain_draft_verifies_as_its_one_hot_distribution_draw_for_draw():
         assert certain == verify_sampled(draft, one_hot, target, torch.Generator().manual_seed(trial))
         outcomes.add(certain[0])
     assert outcomes == {0, 1, 2, 3}
+
+
+def test_drafted_rows_then_certain_tokens_verify_as_one_hot_rows_draw_for_draw():
+    """A drafter's block with forced text after it passes rows for its own tokens only: the tokens past them are
+    certain (q = 1), and seeded alike the round keeps and draws what full rows, one-hot past the block, would."""
+    generator = torch.Generator().manual_seed(4)
+    vocab, outcomes = 8, set()
+    for trial in range(300):
+        target = torch.softmax(torch.randn(5, vocab, generator=generator) * 3, dim=-1)
+        drafted = torch.softmax(torch.randn(2, vocab, generator=generator), dim=-1)
+        draft = [int(sample(row, generator)) for row in drafted] + [int(row.argmax()) for row in target[2:4]]
+        rows = torch.cat([drafted, torch.nn.functional.one_hot(torch.tensor(draft[2:]), vocab).float()])
+        partial = verify_sampled(draft, drafted, target, torch.Generator().manual_seed(trial))
+        assert partial == verify_sampled(draft, rows, target, torch.Generator().manual_seed(trial))
+        outcomes.add(partial[0])
+    assert outcomes == {0, 1, 2, 3, 4}
+
+
+def test_forced_tokens_are_kept_whatever_the_model_says():
+    """Plain decoding commits the grammar's forced text without asking the model, so verification keeps a forced
+    token even where the target's argmax differs or its probability is zero, and goes on checking after it."""
+    logits = torch.tensor([[0.0, 5.0, 0.0], [5.0, 0.0, 0.0], [0.0, 0.0, 5.0], [0.0, 5.0, 0.0]])
+    draft = [1, 2, 2]  # the argmax at 0 and 2, not at 1
+    assert verify_greedy(draft, logits) == (1, 0)
+    assert verify_greedy(draft, logits, None, [False, True, False]) == (3, 1)
+    assert verify_greedy(draft, logits, None, [False, True, True]) == (3, 1)
+    probs = torch.softmax(logits * 10, dim=-1)
+    probs[1, 2] = 0.0
+    generator = torch.Generator().manual_seed(0)
+    assert verify_sampled(draft, None, probs, generator)[0] == 1
+    assert verify_sampled(draft, None, probs, generator, forced=[False, True, False])[0] == 3
 
 
 def test_a_draft_token_the_grammar_refuses_counts_as_a_rejection():

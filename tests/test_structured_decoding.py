@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 
 import jsonschema
 import pytest
+from scipy.stats import chi2_contingency
 
 from backends import AutoregressiveBackend, GenerationRequest, UnsupportedFormatError
 from backends.dspark.backend import DSparkBackend
@@ -96,6 +98,24 @@ def test_greedy_dspark_under_a_grammar_equals_greedy_ar(backends):
         request = _request(response_format=response_format)
         for name in ("dspark", "dspark-drafter"):
             assert backends[name].complete(request).token_ids == backends["ar"].complete(request).token_ids
+
+
+@pytest.mark.parametrize("name", ["dspark", "dspark-drafter"])
+def test_sampled_dspark_under_a_grammar_keeps_plain_samplings_distribution(backends, name):
+    """Every round here meets the grammar: the drafts' free tokens are refused (drawn again from max(0, p - q)), and
+    the forced text "-done-" rides in the drafts' place, kept unchecked as plain decoding keeps it. Sampled answers
+    stay distributed as plain sampling's (a contingency test against plain decoding's, 400 seeds each)."""
+    regex = r"(x|y)(x|y)?-done-(x|y)"
+    counts: dict[str, Counter[str]] = {"ar": Counter(), name: Counter()}
+    for seed in range(400):
+        request = _request(response_format={"type": "regex", "regex": regex}, temperature=1.0, seed=seed)
+        for backend, seen in counts.items():
+            result = backends[backend].complete(request)
+            assert re.fullmatch(regex, result.text)
+            seen[result.text] += 1
+    answers = sorted(set(counts["ar"]) | set(counts[name]))
+    table = [[seen[answer] for answer in answers] for seen in counts.values()]
+    assert len(answers) >= 6 and chi2_contingency(table).pvalue > 0.01
 
 
 @pytest.mark.parametrize("name", ["ar", "dspark", "dspark-drafter"])

@@ -14,7 +14,8 @@ Each step starts from the base model's logits and last hidden state at the newes
 4. rejected positions are rewound out of the KV cache and the next step starts from the last kept one.
 
 Under a grammar (``constraint``), text the grammar forces is committed in one pass without drafting, the
-draft is cut at the first token the grammar rejects, and verification compares against grammar-masked
+draft is cut at the first token the grammar rejects (forced text within and after it kept unchecked, as plain
+decoding commits it), and verification compares against grammar-masked
 logits, so every committed token is valid; the grammar only ever consumes committed tokens, so a rejected
 draft needs no grammar rollback.
 
@@ -42,11 +43,14 @@ from backends.types import GenerationRequest, GenerationStats
 class Proposal:
     tokens: list[int]
     draft_probs: torch.Tensor | None
-    """Draft distributions [len(tokens) - 1, V] (sampling only): what verification compares against."""
+    """Draft distributions [m, V] of the first m draft tokens (sampling only): what verification compares against;
+    the tokens after them are forced text."""
     refused_probs: torch.Tensor | None = None
     """Sampling under a grammar: the draft distribution of the token the grammar refused right after the kept
     draft. That token was drafted and is certainly rejected (p = 0), so what follows the draft is drawn from
     max(0, p - q) with this q, as for any rejection, not from p: that keeps sampled output exact."""
+    forced: list[bool] | None = None
+    """Under a grammar, per draft token: text the grammar forces there (:meth:`GrammarConstraint.follow`)."""
 
 
 def propose(
@@ -65,7 +69,8 @@ def propose(
     most ``room`` tokens in all (what ``max_tokens`` leaves: nothing is drafted past it).
 
     Under a grammar the first token is chosen from masked logits and committed to the grammar at once (it is
-    kept whatever verification says), and the draft is cut at the first token the grammar rejects.
+    kept whatever verification says), and the draft is walked through the grammar: cut at the first token it
+    rejects, its forced text in the draft's place and after it (:meth:`GrammarConstraint.follow`).
     """
     if first is None:
         first = pick_allowed(logits, request, generator, constraint)
@@ -89,11 +94,13 @@ def propose(
     for n in cleared:
         rounds.spans.cleared_threshold[n] = rounds.spans.cleared_threshold.get(n, 0) + 1
     drafted = draft[: min(length, room) - 1].tolist()
-    valid = constraint.valid_prefix(drafted) if constraint is not None else len(drafted)
+    if constraint is None:
+        return Proposal([token, *drafted], draft_probs)
+    walk = constraint.follow(drafted, room - 1)
     if draft_probs is None:
-        return Proposal([token, *drafted[:valid]], None)
-    refused = draft_probs[valid] if valid < len(drafted) else None
-    return Proposal([token, *drafted[:valid]], draft_probs[:valid], refused)
+        return Proposal([token, *walk.tokens], None, forced=walk.forced)
+    refused = draft_probs[walk.drafted] if walk.refused else None
+    return Proposal([token, *walk.tokens], draft_probs[: walk.drafted], refused, walk.forced)
 
 
 def decode(
@@ -136,8 +143,11 @@ def decode(
                 generator,
                 proposal.refused_probs,
                 constraint,
+                proposal.forced,
             )
             rounds.verified(len(draft), accepted)
+            if proposal.forced:
+                stats.forced_tokens += sum(proposal.forced[:accepted])
             if len(draft) > accepted:
                 yield Rewind(len(draft) - accepted)
             if constraint is not None:

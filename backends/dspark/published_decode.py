@@ -12,7 +12,9 @@ correction token of the previous round, or the target's own next token):
    drafting from what copies after a match as long have earned in the pool and drafts in this request so far; a
    round that copies skips the drafter's pass, and its block, certain under it (q = 1), is verified like any other;
 2. ``schedule``: the verification length, by Algorithm 1 from prefix survival and the profiled SPS curve (or a
-   static threshold); under a grammar the verified draft is further cut at the first token the grammar refuses.
+   static threshold); under a grammar the verified draft is then walked through the grammar (``obeying``): cut at
+   the first token the grammar refuses, the grammar's forced text in the draft's place where it is forced, and
+   the forced text where the draft stops appended, so no verified position is spent on a token the grammar refuses.
    Algorithm 1 weighs every request in the batch at once, so the loop asks the engine twice: before drafting,
    how many tokens could be worth drafting at this batch size, weighed against the drafter pass's own cost and
    the request's mean prefix survival so far (``Budget``: none under heavy load, and the drafter is skipped),
@@ -27,8 +29,9 @@ correction token of the previous round, or the target's own next token):
 
 Text the grammar forces is committed at once and starts the round's forward in the anchor's place: a block looked
 up after it (a key's value copied from the prompt, the rest of a template from the traffic) is verified in the same
-pass, where the span-heads loop spends a pass on the forced text alone. (Only a looked-up block: the drafter's
-context has no features yet for the forced tokens before the last.)
+pass. (Only a looked-up block: the drafter's context has no features yet for the forced tokens before the last.)
+Forced text within or after a round's block rides in the block's own forward (``obeying``), kept unchecked as plain
+decoding keeps it.
 """
 
 from __future__ import annotations
@@ -186,27 +189,46 @@ class Proposal:
 
     tokens: list[int]
     probs: torch.Tensor | None = None
-    """[len(tokens), V] the distributions the drafter drew them from (sampling only; None for a looked-up block,
-    whose tokens are certain under it)."""
+    """[m, V] the distributions the drafter drew the first m tokens from (sampling only); the tokens after them, and
+    all of a looked-up block's (None), are certain under their draft."""
     refused: torch.Tensor | None = None
-    """The distribution of the drafted token the grammar refused right after ``tokens`` (see
+    """The distribution of the drafted token the grammar refused right after the draft's own tokens (see
     :func:`~backends.dspark.verify.verify_sampled`)."""
     match: int | None = None
     """A looked-up block's match length (:class:`~backends.dspark.lookup.Copy`, a traffic draft); None for the
     drafter's."""
     source: Source = "drafter"
-    grammar_refused: bool = False
-    """The token the schedule chose after ``tokens`` was cut because the grammar refuses it: the target could never
-    have written it, so what a block of this kind earns counts it rejected (or a block the grammar always cuts
-    would be drafted every round and never learnt from)."""
+    forced: list[bool] | None = None
+    """Per token, under a grammar: text the grammar forces there, kept unchecked as plain decoding keeps it."""
+    own: int | None = None
+    """Under a grammar, the leading tokens that are the block's own (the rest is forced text after it)."""
+    cut_short: bool = False
+    """The grammar stopped the block before the length the schedule chose: its next token was refused, or forced
+    text took its place. The target could never have written it, so what a block of this kind earns counts it
+    rejected (or a block the grammar always cuts would be drafted every round and never learnt from)."""
+
+    def learnt(self, accepted: int) -> tuple[int, int]:
+        """The block's own tokens tried and kept this round, for what blocks of its kind are measured to earn."""
+        own = len(self.tokens) if self.own is None else self.own
+        return own + int(self.cut_short and accepted >= own), min(accepted, own)
 
 
-def cut(tokens: list[int], length: int, probs: torch.Tensor | None, constraint: GrammarConstraint | None) -> Proposal:
-    """The first ``length`` tokens the schedule chose, cut at the first one the grammar refuses."""
-    chosen = tokens[:length]
-    kept = chosen[: constraint.valid_prefix(chosen)] if constraint is not None else chosen
-    refused = probs[len(kept)] if probs is not None and len(kept) < length else None
-    return Proposal(kept, None if probs is None else probs[: len(kept)], refused, grammar_refused=kept != chosen)
+def obeying(proposal: Proposal, constraint: GrammarConstraint | None, room: int) -> Proposal:
+    """The block as the grammar lets it stand (:meth:`~backends.constraints.GrammarConstraint.follow`): cut at a
+    token the grammar refuses, forced text in the place of the block's where it is forced, and the forced text
+    where the block stops appended, all within ``room``. A forced token costs the forward a position but is
+    certain once the block before it is kept, and the round's last token is then the target's own (a bonus),
+    where a round ending at forced text would have thrown it away."""
+    if constraint is None:
+        return proposal
+    walk = constraint.follow(proposal.tokens, room)
+    probs, refused = proposal.probs, None
+    if probs is not None:
+        refused = probs[walk.drafted] if walk.refused else None
+        probs = probs[: walk.drafted]
+    short = walk.drafted < len(proposal.tokens)
+    kept = {"tokens": walk.tokens, "probs": probs, "refused": refused, "forced": walk.forced, "own": walk.drafted}
+    return replace(proposal, **kept, cut_short=short)
 
 
 @dataclass
@@ -303,7 +325,6 @@ def propose(
     traffic_limit: int,
     request: GenerationRequest,
     generator: torch.Generator | None,
-    constraint: GrammarConstraint | None,
     cost: DraftCost,
     drafts: bool = True,
 ) -> Generator[Step, int, Proposal]:
@@ -320,7 +341,7 @@ def propose(
         expected = tuple(prefix_survival(best.confidence))
         budget = yield Budget(replace(schedule, draft_s=0.0), len(best.tokens), expected)
         length = (yield Schedule(schedule, best.confidence, budget)) if budget else 0
-        return replace(cut(best.tokens, length, None, constraint), match=best.match, source=best.source)
+        return Proposal(best.tokens[:length], match=best.match, source=best.source)
     if schedule.lookup == "only" or not drafts:
         return Proposal([])
     # None expected (optimistic) on a probe, so a request whose drafts stopped paying is tried again
@@ -336,7 +357,7 @@ def propose(
     cost.add(time.perf_counter() - started)
     state.survival.add(block.confidence)
     length = yield Schedule(schedule, block.confidence, limit)
-    return cut(block.tokens, length, block.probs, constraint)
+    return Proposal(block.tokens[:length], None if block.probs is None else block.probs[:length])
 
 
 def decode(
@@ -392,26 +413,36 @@ def decode(
                 traffic_limit,
                 request,
                 generator,
-                constraint,
                 cost,
                 drafts=len(run) == 1,
             )
+            proposal = obeying(proposal, constraint, room)
             tokens = proposal.tokens
             step = target_pass((yield Forward([*run, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1
             step_logits = step.logits[len(run) - 1 :]
             probs = None if proposal.probs is None else proposal.probs.to(step_logits.device)
             accepted, next_token = verify(
-                tokens, probs, step_logits, request, schedule.verification, generator, proposal.refused, constraint
+                tokens,
+                probs,
+                step_logits,
+                request,
+                schedule.verification,
+                generator,
+                proposal.refused,
+                constraint,
+                proposal.forced,
             )
             rounds.verified(len(tokens), accepted, proposal.source == "copy", proposal.source == "traffic")
-            tried = len(tokens) + int(proposal.grammar_refused and accepted == len(tokens))
+            tried, kept = proposal.learnt(accepted)
             if proposal.source == "drafter":
                 if tried:
-                    state.drafts.add(tried, accepted, state.survival.conditional(tried))
+                    state.drafts.add(tried, kept, state.survival.conditional(tried))
             elif schedule.verification == "exact":  # unverified, nothing was measured
                 learnt = state.copies if proposal.source == "copy" else state.traffic.acceptance
-                learnt.add(proposal.match, request.greedy, tried, accepted)
+                learnt.add(proposal.match, request.greedy, tried, kept)
+            if proposal.forced:
+                stats.forced_tokens += sum(proposal.forced[:accepted])
             state.lookup.extend([anchor, *tokens[:accepted]])
             if len(tokens) > accepted:
                 yield Rewind(len(tokens) - accepted)

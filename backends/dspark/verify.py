@@ -6,7 +6,8 @@ argmax) and sampled output equal in distribution (speculative sampling: accept x
 resample from max(0, p - q) at the first rejection, draw a bonus token when all survive). ``confidence`` keeps
 the whole draft unverified. Under a grammar a token the grammar refuses is never the target's choice: greedy
 takes each position's argmax among the allowed tokens, and sampling masks the logits first, so such a token has
-p = 0 and is rejected like any other.
+p = 0 and is rejected like any other. Text the grammar forces is kept unchecked wherever it stands in a draft
+(``forced``), as plain decoding commits it without asking the model.
 """
 
 from __future__ import annotations
@@ -34,29 +35,35 @@ def verify(
     generator: torch.Generator | None,
     refused_probs: torch.Tensor | None = None,
     constraint: GrammarConstraint | None = None,
+    forced: list[bool] | None = None,
 ) -> tuple[int, int | None]:
     """Accepted draft tokens and the token after them (None, unverified: the next round picks it from the logits at
     the last kept position). ``logits`` [len(draft) + 1, V] are the verifying pass's, before ``constraint``'s
-    masks (the grammar's state before the draft); ``draft_probs`` [len(draft), V] the distributions the draft was
-    drawn from (None when sampling: each token certain, a looked-up block's); ``refused_probs`` that of one more
-    drafted token the grammar refused (see :func:`verify_sampled`)."""
+    masks (the grammar's state before the draft); ``draft_probs`` [m, V] the distributions the draft's first m
+    tokens were drawn from (the rest, and all of them with None, certain: a looked-up block, forced text);
+    ``refused_probs`` that of one more drafted token the grammar refused (see :func:`verify_sampled`); ``forced``
+    flags the draft's tokens the grammar forces, kept whatever the model says."""
     if verification == "confidence":
         return len(draft), None
     if request.greedy:
-        return verify_greedy(draft, logits, constraint)
+        return verify_greedy(draft, logits, constraint, forced)
     target_probs = token_probs(masked_by_grammar(logits, draft, constraint), request)
-    return verify_sampled(draft, draft_probs, target_probs, generator, refused_probs)
+    return verify_sampled(draft, draft_probs, target_probs, generator, refused_probs, forced)
 
 
 def verify_greedy(
-    draft: list[int], target_logits: torch.Tensor, constraint: GrammarConstraint | None = None
+    draft: list[int],
+    target_logits: torch.Tensor,
+    constraint: GrammarConstraint | None = None,
+    forced: list[bool] | None = None,
 ) -> tuple[int, int]:
-    """How many draft tokens equal the base model's argmax at their position (under the grammar), and its argmax
-    after them: the correction, or with every token kept, the bonus."""
+    """How many draft tokens equal the base model's argmax at their position (under the grammar) or are forced
+    there, and its argmax after them: the correction, or with every token kept, the bonus."""
     rows = target_logits[: len(draft) + 1]
-    targets = constraint.greedy(rows, draft) if constraint is not None else greedy_tokens(rows)
+    targets = constraint.greedy(rows, draft, forced) if constraint is not None else greedy_tokens(rows)
+    forced = forced or [False] * len(draft)
     accepted = 0
-    while accepted < len(draft) and draft[accepted] == targets[accepted]:
+    while accepted < len(draft) and (forced[accepted] or draft[accepted] == targets[accepted]):
         accepted += 1
     return accepted, targets[accepted]
 
@@ -67,6 +74,7 @@ def verify_sampled(
     target_probs: torch.Tensor,
     generator: torch.Generator | None,
     refused_probs: torch.Tensor | None = None,
+    forced: list[bool] | None = None,
 ) -> tuple[int, int]:
     """Speculative sampling: accept d with probability min(1, p(d)/q(d)); on rejection resample from
     max(0, p - q), so every committed token is distributed exactly as plain sampling from p would be.
@@ -78,9 +86,11 @@ def verify_sampled(
     and the test is one vectorised comparison instead of a Python loop over scalars. ``refused_probs`` stands for
     one more drafted token after the draft that the grammar refused: certainly rejected (p = 0), so what follows
     the draft is drawn from max(0, p - q) with its q, as for any rejection, not from p; that keeps output exact.
-    ``draft_probs`` None: every draft token was certain under its draft (q = 1, a block copied from the context
-    or the traffic), where building one-hot rows of the vocabulary's width cost a sampled round 2% of its time;
-    a certain token the grammar refused needs no ``refused_probs``, since max(0, p - q) is p where p is 0."""
+    ``draft_probs`` covers the first m draft tokens; the rest, and all with None, were certain under their draft
+    (q = 1: a block copied from the context or the traffic, forced text), where building one-hot rows of the
+    vocabulary's width cost a sampled round 2% of its time; a certain token the grammar refused needs no
+    ``refused_probs``, since max(0, p - q) is p where p is 0. A ``forced`` token is kept unchecked: plain sampling
+    commits the grammar's forced text without drawing it."""
 
     def after_draft() -> int:
         if refused_probs is not None:
@@ -92,13 +102,19 @@ def verify_sampled(
     positions = torch.arange(len(draft), device=target_probs.device)
     tokens = torch.tensor(draft, dtype=torch.long, device=target_probs.device)
     p = target_probs[positions, tokens]
-    q = draft_probs[positions, tokens] if draft_probs is not None else torch.ones_like(p)
+    q = torch.ones_like(p)
+    drawn = 0 if draft_probs is None else len(draft_probs)
+    if drawn:
+        q[:drawn] = draft_probs[positions[:drawn], tokens[:drawn]]
     u = torch.rand(len(draft), generator=generator, device=target_probs.device)
-    rejected = ((q <= 0) | (u * q > p)).tolist()
+    rejected = (q <= 0) | (u * q > p)
+    if forced is not None:
+        rejected &= ~torch.tensor(forced, device=rejected.device)
+    rejected = rejected.tolist()
     if True not in rejected:
         return len(draft), after_draft()
     i = rejected.index(True)
-    return i, draw_residual(target_probs[i], draft_probs[i] if draft_probs is not None else draft[i], generator)
+    return i, draw_residual(target_probs[i], draft_probs[i] if i < drawn else draft[i], generator)
 
 
 def draw_residual(target: torch.Tensor, draft: torch.Tensor | int, generator: torch.Generator | None) -> int:
