@@ -533,3 +533,24 @@ def test_a_block_the_grammar_cuts_is_marked_so_its_kind_learns_the_refused_token
     assert appended.tokens == answer and not appended.cut_short and appended.learnt(len(answer)) == (4, 4)
     replaced = obeying(Proposal(tiny_tokenizer.encode("de")), words, 64)
     assert replaced.tokens == answer[:2] and replaced.cut_short and replaced.learnt(2) == (1, 0)
+
+
+def test_the_schedule_cuts_a_walked_block_with_its_forced_text_certain(constrain, tiny_tokenizer):
+    """Algorithm 1 chooses the length after the walk: forced text counts as certain once what precedes it is kept,
+    the forced text a block starts with is always kept (the anchor before it is committed), and a cut before the
+    token the grammar stopped neither counts that token nor keeps its distribution."""
+    words = constrain(response_format={"type": "regex", "regex": r"def-[0-9]{2}-return"})
+    answer = tiny_tokenizer.encode("def-12-return")
+    rows = torch.rand(5, 8)
+    block = obeying(Proposal(answer[:5], rows), words, 64)
+    assert block.confidence([0.9, 0.8, 0.7, 0.6, 0.5]) == [1.0, 1.0, 0.7, 0.6, 1.0, 1.0, 1.0]
+    assert block.confidence([]) == [] and Proposal(answer).confidence([0.5]) == [0.5]
+    assert block.first(0).tokens == answer[:2] and block.first(3).tokens == answer[:3]
+    three = block.first(3)
+    assert three.probs.equal(rows[:3]) and three.own == 3 and three.forced == [True, True, False]
+    assert block.first(7).tokens == answer and block.first(7).probs.equal(rows[:5])
+
+    refused = obeying(Proposal(tiny_tokenizer.encode("def-1x"), torch.rand(4, 8)), words, 64)
+    assert refused.refused is not None and refused.cut_short
+    assert refused.first(3).refused is not None and refused.first(3).cut_short
+    assert refused.first(2).refused is None and not refused.first(2).cut_short

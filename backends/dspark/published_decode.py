@@ -207,6 +207,31 @@ class Proposal:
     text took its place. The target could never have written it, so what a block of this kind earns counts it
     rejected (or a block the grammar always cuts would be drafted every round and never learnt from)."""
 
+    def confidence(self, own: list[float]) -> list[float]:
+        """Each token's expected conditional acceptance, from ``own`` (the block's, by its own positions): forced
+        text is certain once what precedes it is kept."""
+        if not own or self.forced is None:  # no estimate (no confidence head): verified whole, as without a grammar
+            return own
+        return [1.0 if certain else own[k] for k, certain in enumerate(self.forced)]
+
+    def first(self, length: int) -> Proposal:
+        """The schedule's cut of a block walked through the grammar: its first ``length`` tokens, and at least the
+        forced text it starts with (certain after the anchor, which is committed)."""
+        forced = self.forced or []
+        leading = next((k for k, certain in enumerate(forced) if not certain), len(forced))
+        length = max(length, leading)
+        own = len(self.tokens) if self.own is None else self.own
+        whole = length >= len(self.tokens)
+        return replace(
+            self,
+            tokens=self.tokens[:length],
+            probs=None if self.probs is None else self.probs[: min(own, length)],
+            refused=self.refused if whole else None,
+            forced=None if self.forced is None else self.forced[:length],
+            own=None if self.own is None else min(own, length),
+            cut_short=self.cut_short and length >= own,
+        )
+
     def learnt(self, accepted: int) -> tuple[int, int]:
         """The block's own tokens tried and kept this round, for what blocks of its kind are measured to earn."""
         own = len(self.tokens) if self.own is None else self.own
@@ -326,6 +351,8 @@ def propose(
     request: GenerationRequest,
     generator: torch.Generator | None,
     cost: DraftCost,
+    constraint: GrammarConstraint | None,
+    room: int,
     drafts: bool = True,
 ) -> Generator[Step, int, Proposal]:
     """Whichever block is expected to commit the most tokens per second (:func:`expected_rate`): one looked up (a
@@ -340,24 +367,26 @@ def propose(
     if best:
         expected = tuple(prefix_survival(best.confidence))
         budget = yield Budget(replace(schedule, draft_s=0.0), len(best.tokens), expected)
-        length = (yield Schedule(schedule, best.confidence, budget)) if budget else 0
-        return Proposal(best.tokens[:length], match=best.match, source=best.source)
+        block = obeying(Proposal(best.tokens, match=best.match, source=best.source), constraint, room)
+        confidence, appended = block.confidence(best.confidence), max(0, len(block.tokens) - len(best.tokens))
+        return block.first((yield Schedule(schedule, confidence, budget + appended)) if budget else 0)
     if schedule.lookup == "only" or not drafts:
-        return Proposal([])
+        return obeying(Proposal([]), constraint, room)
     # None expected (optimistic) on a probe, so a request whose drafts stopped paying is tried again
     expected = tuple(prefix_survival(drafting)) if state.survival.expected() else ()
     limit = yield Budget(schedule, limit, expected)
     state.survival.drafted(limit)
     if not limit:  # the drafter is skipped, and its context catches up on the next round that drafts
-        return Proposal([])
+        return obeying(Proposal([]), constraint, room)
     started = time.perf_counter()
     state.drafter.extend_context(state.context, torch.cat(state.pending))
     state.pending = []
     block = draft(state.drafter, state.context, anchor, request, generator, limit)
     cost.add(time.perf_counter() - started)
     state.survival.add(block.confidence)
-    length = yield Schedule(schedule, block.confidence, limit)
-    return Proposal(block.tokens[:length], None if block.probs is None else block.probs[:length])
+    walked = obeying(Proposal(block.tokens, block.probs), constraint, room)
+    appended = max(0, len(walked.tokens) - len(block.tokens))
+    return walked.first((yield Schedule(schedule, walked.confidence(block.confidence), limit + appended)))
 
 
 def decode(
@@ -414,9 +443,10 @@ def decode(
                 request,
                 generator,
                 cost,
+                constraint,
+                room,
                 drafts=len(run) == 1,
             )
-            proposal = obeying(proposal, constraint, room)
             tokens = proposal.tokens
             step = target_pass((yield Forward([*run, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1
