@@ -43,8 +43,11 @@ profiles (:data:`backends.dspark.profile.ONE_REQUEST`)."""
 LEARNT_VOTES = 4.0
 """What the pool's learnt acceptance of traffic drafts weighs against a draft's own votes
 (:meth:`TrafficDraft.confidence`)."""
-BYTES_PER_TOKEN = 4 + 8 + 8
-"""What a cached token costs: its id in the array, its position in an n-gram's list, and its share of the dict."""
+TOKEN_BYTES, POSITION_BYTES, KEY_BYTES = 5, 32, 280
+"""What the cache's Python objects cost, fitted to tracemalloc over corpus answers, random and templated traffic
+(within 15% on each): a token in the array (and its answer's entry), an indexed position (a list slot and its int),
+an n-gram key (its tuple of ints, its list and its dict slot). Diverse text costs about 100 bytes a token, an
+agent's templated answers, whose n-grams repeat, nearer 15."""
 _GAP = -1
 """Between two answers in the array, so a match never runs from one answer into another."""
 
@@ -88,6 +91,8 @@ class TrafficCache:
         self._answers: deque[tuple[int, int]] = deque()
         """(start position, length) of each cached answer, oldest first."""
         self._index: dict[tuple[int, ...], list[int]] = {}
+        self._positions = 0
+        """Positions held by the index's lists (for :attr:`memory_bytes`)."""
         self._cached = 0
         self._lock = threading.Lock()
 
@@ -101,8 +106,8 @@ class TrafficCache:
 
     @property
     def memory_bytes(self) -> int:
-        """About what the cache holds: every token kept, indexed (evicted ones until the next rebuild)."""
-        return BYTES_PER_TOKEN * len(self._tokens)
+        """About what the cache's objects take: every token kept and indexed (evicted ones until the next rebuild)."""
+        return TOKEN_BYTES * len(self._tokens) + POSITION_BYTES * self._positions + KEY_BYTES * len(self._index)
 
     def insert(self, answer: list[int]) -> None:
         """A finished answer (its tokens as the target wrote them); answers too short to match are skipped."""
@@ -155,8 +160,10 @@ class TrafficCache:
         for i in range(offset + MIN_MATCH, offset + length):
             occurrences = index.setdefault(tuple(tokens[i - MIN_MATCH : i]), [])
             occurrences.append(self._base + i)
+            self._positions += 1
             if len(occurrences) > 2 * MAX_OCCURRENCES:
                 del occurrences[:MAX_OCCURRENCES]
+                self._positions -= MAX_OCCURRENCES
 
     def _evict(self) -> None:
         """Drop the oldest answers past ``max_tokens``; rebuild the array and index once the dropped ones are half
@@ -168,7 +175,7 @@ class TrafficCache:
         if 2 * (first - self._base) < len(self._tokens):
             return
         kept = self._tokens[first - self._base :]
-        self._base, self._tokens, self._index = first, array("i", kept), {}
+        self._base, self._tokens, self._index, self._positions = first, array("i", kept), {}, 0
         for start, length in self._answers:
             self._index_positions(start, length)
 
