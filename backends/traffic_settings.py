@@ -36,3 +36,7 @@ class TrafficSettings(TrafficOptions):
         default=False,
         description="one cache for every tenant of the pool; off: one per tenant (the README's isolation rule)",
     )
+    datastore: bool = Field(
+        default=True,
+        description="draft from the target's own answers shipped with its drafters as well (read-only, every tenant's)",
+    )

@@ -28,10 +28,10 @@ from backends.traffic_settings import TrafficOptions
 MAX_TOKENS_LIMIT = 32_768
 TOOL_CHOICE_FORMS = '"none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
 MAX_STOP_STRINGS = 4
-CACHES = ("prefix", "traffic")
+CACHES = ("prefix", "traffic", "datastore")
 """The caches a local backend keeps, by the name its metrics give them: prompt prefixes' keys and values
 (:mod:`backends.packed.prefix_cache`) and, in a DSpark pool, earlier answers to draft from
-(:mod:`backends.dspark.traffic`)."""
+(:mod:`backends.dspark.traffic`) and the target's shipped answers (:mod:`backends.dspark.datastore`)."""
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 """What a torch generator takes; a seed outside it is the request's fault, refused before it reaches a pool."""
 # OpenAI's defaults for sampling arguments a client leaves out. Decoding, routing rules, classifier features,
@@ -312,6 +312,8 @@ class SpanStats(BaseModel):
     """Rounds that verified a block copied from the context (n-gram lookup) instead of a drafted one."""
     traffic_rounds: int = 0
     """Rounds that verified a block drafted from the pool's earlier answers (:mod:`backends.dspark.traffic`)."""
+    datastore_rounds: int = 0
+    """Rounds that verified a block drafted from the target's shipped answers (:mod:`backends.dspark.datastore`)."""
 
     @property
     def fallback_rate(self) -> float:

@@ -16,6 +16,7 @@ import torch
 from backends.constraints import GrammarConstraint
 from backends.default_model import drafters_for
 from backends.dspark import published_decode
+from backends.dspark.datastore import CORPUS_DIR, Datastore
 from backends.dspark.decode import decode
 from backends.dspark.drafter import DSparkDrafter, state_layers
 from backends.dspark.drafter_config import DRAFTER_DIR, is_drafter_dir
@@ -67,6 +68,8 @@ class DSparkBackend(LocalBackend):
         copies: CopyAcceptance | None = None,
         traffic: TrafficCaches | None = None,
         traffic_acceptance: CopyAcceptance | None = None,
+        datastore: Datastore | None = None,
+        datastore_acceptance: CopyAcceptance | None = None,
     ) -> None:
         if (model if default == "heads" else drafter) is None:
             raise ModelLoadError(f"a DSpark backend with drafter {default!r} needs that drafter", param="model")
@@ -83,6 +86,11 @@ class DSparkBackend(LocalBackend):
         """This pool's earlier answers, one cache per scope (:mod:`backends.dspark.traffic`)."""
         self.traffic_acceptance = traffic_acceptance or CopyAcceptance()
         """What this pool's traffic drafts earned by the length of their match, shared by every request."""
+        self.datastore = datastore
+        """The target's own answers shipped with its drafters (:mod:`backends.dspark.datastore`), where the pool
+        reads them."""
+        self.datastore_acceptance = datastore_acceptance or CopyAcceptance()
+        """What drafts from the datastore earned in this pool by the length of their match."""
         self.default: Drafter = default
         self.policy = policy
         if model is not None and policy is None:
@@ -156,6 +164,7 @@ class DSparkBackend(LocalBackend):
                     thresholds=dict(thresholds or config.thresholds),
                     verification=verification,
                 )
+            settings = traffic or TrafficSettings()
             return cls(
                 model,
                 policy,
@@ -164,7 +173,8 @@ class DSparkBackend(LocalBackend):
                 default=default,
                 loaded=loaded,
                 limits=limits,
-                traffic=TrafficCaches(traffic or TrafficSettings()),
+                traffic=TrafficCaches(settings),
+                datastore=Datastore.open(drafters / CORPUS_DIR) if settings.datastore else None,
             )
 
         return on_own_thread(load)
@@ -176,7 +186,8 @@ class DSparkBackend(LocalBackend):
         return self.draft_cost.seconds if self.default == "dspark" and self.schedule.lookup != "only" else 0.0
 
     def cache_bytes(self) -> dict[str, int]:
-        return {**super().cache_bytes(), "traffic": self.traffic.memory_bytes}
+        stored = {"datastore": self.datastore.memory_bytes} if self.datastore is not None else {}
+        return {**super().cache_bytes(), "traffic": self.traffic.memory_bytes, **stored}
 
     def with_options(self, options: DSparkOptions | None) -> DSparkBackend:
         """This backend with a pool's ``decoding`` options as its defaults (a request may still override them)."""
@@ -197,6 +208,8 @@ class DSparkBackend(LocalBackend):
             copies=self.copies,
             traffic=self.traffic,
             traffic_acceptance=self.traffic_acceptance,
+            datastore=self.datastore,
+            datastore_acceptance=self.datastore_acceptance,
         )
 
     def _require(self, drafter: Drafter) -> None:
@@ -245,7 +258,14 @@ class DSparkBackend(LocalBackend):
             return None
         asked = request.dspark.traffic if request.dspark is not None else None
         options = pool.model_copy(update=asked.model_dump(exclude_unset=True)) if asked is not None else pool
-        return published_decode.Traffic(self.traffic, request.cache_scope, self.traffic_acceptance, options)
+        return published_decode.Traffic(
+            self.traffic,
+            request.cache_scope,
+            self.traffic_acceptance,
+            options,
+            self.datastore,
+            self.datastore_acceptance,
+        )
 
 
 def resolve_schedule(schedule: VerifySchedule, options: DSparkOptions | None) -> VerifySchedule:

@@ -46,6 +46,7 @@ import torch
 
 from backends.autoregressive import forced_tokens
 from backends.constraints import GrammarConstraint
+from backends.dspark.datastore import Datastore
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.lookup import CopyAcceptance, MeasuredAcceptance, NgramLookup
 from backends.dspark.traffic import MAX_DRAFT, TrafficCache, TrafficCaches
@@ -57,8 +58,9 @@ from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, Rewind, Sche
 from backends.traffic_settings import TrafficOptions
 from backends.types import GenerationRequest, GenerationStats
 
-Source = Literal["drafter", "copy", "traffic"]
-"""Where a round's block came from: the drafter, the request's context, or the pool's earlier answers."""
+Source = Literal["drafter", "copy", "traffic", "datastore"]
+"""Where a round's block came from: the drafter, the request's context, the pool's earlier answers, or the target's
+shipped answers."""
 
 
 @dataclass
@@ -260,12 +262,15 @@ def obeying(proposal: Proposal, constraint: GrammarConstraint | None, room: int)
 class Traffic:
     """Drafting from a pool's earlier answers (:mod:`backends.dspark.traffic`): the pool's caches and the request's
     scope among them, what traffic drafts earned in the pool by the length of their match, and the request's options
-    (``enabled`` off: its answer still joins the cache, and it drafts from nothing there)."""
+    (``enabled`` off: its answer still joins the cache, and it drafts from nothing there); beside them the target's
+    shipped answers (:mod:`backends.dspark.datastore`, where the pool reads them) and what their drafts earned."""
 
     caches: TrafficCaches
     scope: str | None
     acceptance: CopyAcceptance
     options: TrafficOptions
+    datastore: Datastore | None = None
+    stored: CopyAcceptance | None = None
 
     @property
     def cache(self) -> TrafficCache:
@@ -293,6 +298,12 @@ class Drafting:
         """A draft of ``limit``'s expected conditional acceptance by position: the drafter's measured acceptance
         where its blocks were verified, its calibrated confidence elsewhere."""
         return self.drafts.confidence(self.survival.conditional(limit))
+
+    def earned(self, source: Source) -> CopyAcceptance:
+        """What looked-up blocks from ``source`` earned in the pool, by the length of their match."""
+        if source == "copy" or self.traffic is None:
+            return self.copies
+        return self.traffic.acceptance if source == "traffic" or self.traffic.stored is None else self.traffic.stored
 
     @property
     def committed(self) -> int:
@@ -335,10 +346,14 @@ def looked_up(
     traffic = state.traffic
     if traffic is not None and traffic.options.enabled:
         context = [*state.lookup.tokens[-traffic.options.depth :], anchor]
-        found = traffic.cache.speculate(context, traffic_limit, traffic.options)
-        if found:
-            confidence = found.confidence(traffic.acceptance.confidence(found.match, len(found.tokens), greedy))
-            blocks.append(LookedUp(found.tokens, confidence, found.match, "traffic"))
+        sources = [(traffic.cache, traffic.acceptance, "traffic")]
+        if traffic.datastore is not None and traffic.stored is not None:
+            sources.append((traffic.datastore, traffic.stored, "datastore"))
+        for store, learnt, source in sources:
+            found = store.speculate(context, traffic_limit, traffic.options)
+            if found:
+                confidence = found.confidence(learnt.confidence(found.match, len(found.tokens), greedy))
+                blocks.append(LookedUp(found.tokens, confidence, found.match, source))
     return blocks
 
 
@@ -463,14 +478,14 @@ def decode(
                 constraint,
                 proposal.forced,
             )
-            rounds.verified(len(tokens), accepted, proposal.source == "copy", proposal.source == "traffic")
+            source = proposal.source
+            rounds.verified(len(tokens), accepted, source == "copy", source == "traffic", source == "datastore")
             tried, kept = proposal.learnt(accepted)
-            if proposal.source == "drafter":
+            if source == "drafter":
                 if tried:
                     state.drafts.add(tried, kept, state.survival.conditional(tried))
             elif schedule.verification == "exact":  # unverified, nothing was measured
-                learnt = state.copies if proposal.source == "copy" else state.traffic.acceptance
-                learnt.add(proposal.match, request.greedy, tried, kept)
+                state.earned(source).add(proposal.match, request.greedy, tried, kept)
             if proposal.forced:
                 stats.forced_tokens += sum(proposal.forced[:accepted])
             state.lookup.extend([anchor, *tokens[:accepted]])

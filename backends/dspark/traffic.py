@@ -29,7 +29,7 @@ from __future__ import annotations
 import threading
 from array import array
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from backends.traffic_settings import MIN_MATCH, TrafficOptions, TrafficSettings
@@ -48,7 +48,7 @@ TOKEN_BYTES, POSITION_BYTES, KEY_BYTES = 5, 32, 280
 (within 15% on each): a token in the array (and its answer's entry), an indexed position (a list slot and its int),
 an n-gram key (its tuple of ints, its list and its dict slot). Diverse text costs about 100 bytes a token, an
 agent's templated answers, whose n-grams repeat, nearer 15."""
-_GAP = -1
+GAP = -1
 """Between two answers in the array, so a match never runs from one answer into another."""
 
 
@@ -114,7 +114,7 @@ class TrafficCache:
         if len(answer) <= MIN_MATCH:
             return
         with self._lock:
-            self._tokens.append(_GAP)
+            self._tokens.append(GAP)
             start = self._base + len(self._tokens)
             self._tokens.extend(answer)
             self._answers.append((start, len(answer)))
@@ -132,19 +132,13 @@ class TrafficCache:
             found = self._index.get(tuple(context[-MIN_MATCH:]))
             if not found:
                 return None
-            tokens, base, oldest = self._tokens, self._base, self._answers[0][0]
+            base, oldest = self._base, self._answers[0][0]
             matches = []
             for end in reversed(found[-MAX_OCCURRENCES:]):
                 if end < oldest:  # an evicted answer's, and every one before it
                     break
                 matches.append((self._match(context, end - base, settings.depth), end - base))
-            best: TrafficDraft | None = None
-            for m in _match_lengths(matches):
-                length = min(limit, MAX_DRAFT, int(m * settings.length_factor))
-                draft = _follow(tokens, [at for match, at in matches if match >= m], length, settings.min_token_prob)
-                if draft and (best is None or sum(draft[1]) > sum(best.probs)):
-                    best = TrafficDraft(draft[0], draft[1], m, draft[2])
-            return best
+            return best_draft(self._tokens, matches, limit, settings)
 
     def _match(self, context: list[int], at: int, depth: int) -> int:
         """How many tokens before position ``at`` of the array equal the context's last ones (at least MIN_MATCH,
@@ -180,6 +174,20 @@ class TrafficCache:
             self._index_positions(start, length)
 
 
+def best_draft(
+    tokens: Sequence[int], matches: list[tuple[int, int]], limit: int, settings: TrafficOptions
+) -> TrafficDraft | None:
+    """The draft with the highest summed probability among those from each match length (ties to the longer):
+    ``matches`` are (match length, position its continuation starts at in ``tokens``), one per occurrence."""
+    best: TrafficDraft | None = None
+    for m in _match_lengths(matches):
+        length = min(limit, MAX_DRAFT, int(m * settings.length_factor))
+        draft = _follow(tokens, [at for match, at in matches if match >= m], length, settings.min_token_prob)
+        if draft and (best is None or sum(draft[1]) > sum(best.probs)):
+            best = TrafficDraft(draft[0], draft[1], m, draft[2])
+    return best
+
+
 def _match_lengths(matches: list[tuple[int, int]]) -> list[int]:
     """The match lengths a draft is tried from: the three longest among the occurrences, and the shortest (every
     occurrence votes), longest first. Each one more costs a pass over the occurrences."""
@@ -188,7 +196,7 @@ def _match_lengths(matches: list[tuple[int, int]]) -> list[int]:
 
 
 def _follow(
-    tokens: array, starts: list[int], length: int, min_prob: float
+    tokens: Sequence[int], starts: list[int], length: int, min_prob: float
 ) -> tuple[list[int], list[float], list[int]] | None:
     """The most-voted path of up to ``length`` tokens from the array positions ``starts`` (each continuing an
     occurrence of the match), with each token's path probability and how many voted for it; None where the first
@@ -200,8 +208,8 @@ def _follow(
     for k in range(length):
         votes: dict[int, list[int]] = {}
         for at in alive:
-            token = tokens[at + k] if at + k < end else _GAP
-            if token != _GAP:
+            token = tokens[at + k] if at + k < end else GAP
+            if token != GAP:
                 votes.setdefault(token, []).append(at)
         if not votes:
             break

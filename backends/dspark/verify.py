@@ -138,7 +138,9 @@ class RoundStats:
         )
         self._verified_at = [0] * width
 
-    def verified(self, drafted: int, accepted: int, copied: bool = False, traffic: bool = False) -> None:
+    def verified(
+        self, drafted: int, accepted: int, copied: bool = False, traffic: bool = False, stored: bool = False
+    ) -> None:
         """One round: ``drafted`` tokens verified after the anchor, ``accepted`` of them kept (by position up to the
         drafter's width; a traffic draft may run longer)."""
         spans = self.spans
@@ -150,6 +152,7 @@ class RoundStats:
         spans.fallback_steps += drafted == 0
         spans.copied_rounds += copied
         spans.traffic_rounds += traffic
+        spans.datastore_rounds += stored
         spans.proposed_span_hist[1 + drafted] = spans.proposed_span_hist.get(1 + drafted, 0) + 1
         spans.accepted_span_hist[1 + accepted] = spans.accepted_span_hist.get(1 + accepted, 0) + 1
 
