@@ -221,13 +221,21 @@ class Flight:
         elif retryable(error) and not isinstance(error, WorkerLostError):
             health.failed(error)
 
+    def _ttft(self, result: GenerationResult, now: float) -> float:
+        """Until the first delta arrived; where none did before the answer (a Redis worker sends a job that does not
+        stream no chunks), the latency less what the backend spent after its first token."""
+        stats = result.stats
+        if self._first_delta_at is None and stats.time_to_first_token_s is not None and stats.wall_time_s:
+            return max(0.0, now - self._started - (stats.wall_time_s - stats.time_to_first_token_s))
+        return (self._first_delta_at or now) - self._started
+
     def _succeed(self, result: GenerationResult) -> None:
         now = time.perf_counter()
         latency = now - self._started
         kind = self.dispatcher.pools[self.decision.pool].kind
         measured = Measured(
             latency_s=latency,
-            ttft_s=(self._first_delta_at or now) - self._started,
+            ttft_s=self._ttft(result, now),
             tokens_per_s=result.stats.tokens_per_s or result.usage.completion_tokens / latency,
             queue_s=max(0.0, latency - result.stats.wall_time_s) if result.stats.wall_time_s else 0.0,
             mean_accepted_tokens=_mean_accepted(result, kind),

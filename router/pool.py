@@ -77,7 +77,7 @@ class Pool(ABC):
     def stream(self, request: GenerationRequest) -> Iterator[StreamChunk]:
         """Chunks as the worker makes them; leaving the loop early stops the generation."""
         feed: Feed[StreamChunk] = Feed()
-        future = self.submit(request, on_chunk=feed.put)
+        future = self.submit(request.model_copy(update={"stream": True}), on_chunk=feed.put)
         yield from feed.drain(future, self.timeout_s + WAIT_GRACE_S, f"pool {self.name!r}")
 
 

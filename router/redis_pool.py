@@ -4,7 +4,8 @@
 chunks into the same ``on_chunk`` calls and future an in-process pool makes, so the dispatcher, the SDK and the
 gateway cannot tell the two apart: spill, fallback, streaming and cancellation work unchanged. A caller that
 gives up (its ``on_chunk`` raises, or the pool's timeout passes) sets the job's cancel key, which stops the
-worker's decoding.
+worker's decoding. A job whose caller does not stream gets no chunks from its worker, only its answer, so while its
+reply stream stays silent ``on_chunk`` is called with an empty chunk each read, for the caller to give up on.
 
 Redis being unreachable is bounded: every call has ``connect_timeout_s``, so a new request gets a
 :class:`~router.errors.PoolUnavailableError` (503) at once instead of hanging, and redis-py reconnects by itself
@@ -30,6 +31,9 @@ from router.pool import OnChunk, Pool
 from router.redis_jobs import Job, PoolKeys, WorkerLoad, error_from_payload, reproducible
 
 READ_BLOCK_MS = 1000
+SILENT_READ_MS = 100
+"""How long a read of a job that does not stream waits: its worker sends nothing until the answer, so this is how
+soon the pool notices its caller gave up."""
 CAPACITY_CACHE_S = 0.25
 
 
@@ -138,7 +142,10 @@ class RedisPool(Pool):
             while True:
                 if time.monotonic() > deadline:
                     raise PoolTimeoutError(f"pool {self.name!r} did not finish within {self.timeout_s:g}s")
-                for _, entries in self._read(reply, last_id):
+                read = self._read(reply, last_id, READ_BLOCK_MS if job.request.stream else SILENT_READ_MS)
+                if not read and on_chunk is not None:  # nothing new: the caller may have gone (a job that does
+                    on_chunk(StreamChunk(delta=""))  # not stream sends nothing until its answer)
+                for _, entries in read:
                     for entry_id, fields in entries:
                         last_id = entry_id
                         if b"error" in fields:
@@ -160,9 +167,9 @@ class RedisPool(Pool):
             self._cancel(job)
             future.set_exception(exc)
 
-    def _read(self, reply: str, last_id: str) -> list:
+    def _read(self, reply: str, last_id: str, block_ms: int) -> list:
         try:
-            return self._reader.xread({reply: last_id}, block=READ_BLOCK_MS, count=256) or []
+            return self._reader.xread({reply: last_id}, block=block_ms, count=256) or []
         except redis.RedisError as exc:
             raise PoolUnavailableError(f"pool {self.name!r}: lost Redis while waiting for the reply ({exc})") from None
 

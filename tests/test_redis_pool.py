@@ -5,6 +5,7 @@ cancellation, draining, outages and state shared by router replicas."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import math
 import os
@@ -327,6 +328,44 @@ def test_a_client_that_goes_away_stops_the_worker(tmp_path, router_models, redis
         entries = deployed.client.xrange(replies[0])
         assert b"StreamClosed" in entries[-1][1][b"error"]
         assert len(entries) < LONG / 2  # stopped well before max_tokens
+
+
+def _reply_entries(deployed) -> list[list[dict]]:
+    replies = deployed.client.scan_iter(f"{deployed.prefix}:reply:*")
+    return [[fields for _, fields in deployed.client.xrange(key)] for key in replies]
+
+
+def test_a_job_that_does_not_stream_writes_only_its_answer(tmp_path, router_models, redis_url):
+    """Nobody reads the chunks of a job whose caller does not stream, and each was a Redis round trip in the worker:
+    its reply stream holds only the answer (a streamed job's holds every chunk), and its time to first token is still
+    told apart from its latency, from the worker's own."""
+    with deployment(tmp_path, router_models, redis_url) as deployed:
+        router = deployed.router()
+        whole = router.complete(messages=MESSAGES, max_tokens=40, model="remote", **SAMPLED)
+        (entries,) = _reply_entries(deployed)
+        assert [list(f) for f in entries] == [[b"result"]] and whole.usage.completion_tokens > 1
+        assert 0 < whole.measured.ttft_s < whole.measured.latency_s
+        deltas, text = long_stream(router)
+        streamed = max(_reply_entries(deployed), key=len)
+        assert text == "".join(deltas) and sum(b"seq" in f for f in streamed) == len(deltas) > 1
+
+
+def test_a_caller_that_gives_up_on_a_job_that_does_not_stream_stops_the_worker(tmp_path, router_models, redis_url):
+    """No chunk arrives to raise in: while the reply stream is silent the pool asks the caller every read, so a
+    cancelled request still sets the job's cancel key and the worker stops."""
+    with deployment(tmp_path, router_models, redis_url) as deployed:
+        router = deployed.router()
+
+        async def give_up() -> None:
+            ask = {"messages": MESSAGES, "max_tokens": LONG, "model": "remote", **SAMPLED}
+            task = asyncio.ensure_future(router.acomplete(**ask))
+            await asyncio.to_thread(deployed.wait_for, lambda: deployed.holder() is not None, "no worker took the job")
+            task.cancel()
+
+        asyncio.run(give_up())
+        deployed.wait_for(lambda: router.pools["remote"].depth == 0, "the cancelled job never finished")
+        (entries,) = _reply_entries(deployed)
+        assert len(entries) == 1 and b"StreamClosed" in entries[0][b"error"]
 
 
 def test_sigterm_drains_a_worker_without_losing_its_job(tmp_path, router_models, redis_url, expected):
