@@ -12,9 +12,10 @@ correction token of the previous round, or the target's own next token):
    drafting from what copies after a match as long have earned in the pool and drafts in this request so far; a
    round that copies skips the drafter's pass, and its block, certain under it (q = 1), is verified like any other;
 2. ``schedule``: the verification length, by Algorithm 1 from prefix survival and the profiled SPS curve (or a
-   static threshold); under a grammar the verified draft is then walked through the grammar (``obeying``): cut at
-   the first token the grammar refuses, the grammar's forced text in the draft's place where it is forced, and
-   the forced text where the draft stops appended, so no verified position is spent on a token the grammar refuses.
+   static threshold). Under a grammar the block is walked through the grammar first (``obeying``): cut at the first
+   token the grammar refuses, the grammar's forced text in the block's place where it is forced and after it,
+   weighed as certain once what precedes it is kept; so no verified position is spent on a token the grammar
+   refuses.
    Algorithm 1 weighs every request in the batch at once, so the loop asks the engine twice: before drafting,
    how many tokens could be worth drafting at this batch size, weighed against the drafter pass's own cost and
    the request's mean prefix survival so far (``Budget``: none under heavy load, and the drafter is skipped),
