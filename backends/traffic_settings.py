@@ -30,7 +30,9 @@ class TrafficSettings(TrafficOptions):
     """A pool's traffic cache: the request-level options' defaults, and what only the pool decides."""
 
     max_tokens: int = Field(
-        default=1_000_000, ge=1_000, description="tokens cached before the oldest answers are evicted (by tokens)"
+        default=1_000_000,
+        ge=1_000,
+        description="tokens cached in all the pool's scopes together before the oldest answers are evicted",
     )
     shared: bool = Field(
         default=False,

@@ -64,7 +64,7 @@ class TrafficShare:
             return
         tokens = array("i")
         tokens.frombytes(fields[b"tokens"])
-        self.caches.for_scope(json.loads(fields[b"scope"])).insert(tokens.tolist())
+        self.caches.insert(json.loads(fields[b"scope"]), tokens.tolist())
 
     def _warm(self) -> str:
         """Every answer the stream still holds; the id to follow it from."""

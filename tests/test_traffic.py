@@ -105,10 +105,34 @@ def test_the_reported_memory_is_what_python_allocates(kind):
 
 
 def test_caches_are_kept_per_scope_unless_the_pool_shares():
+    answer = [1, 2, 3, 4, 5, 6]
     kept = TrafficCaches(TrafficSettings())
-    assert kept.for_scope("a") is kept.for_scope("a") and kept.for_scope("a") is not kept.for_scope("b")
+    kept.insert("a", answer)
+    assert kept.for_scope("a") is kept.for_scope("a") and kept.for_scope("a").answers == 1
+    assert kept.for_scope("b").answers == 0 and kept.for_scope("b").speculate([1, 2, 3], MAX_DRAFT) is None
     shared = TrafficCaches(TrafficSettings(shared=True))
+    shared.insert("a", answer)
     assert shared.for_scope("a") is shared.for_scope("b") is shared.for_scope(None)
+
+
+def test_the_pools_cap_holds_over_all_its_scopes():
+    """A client that names a new tenant with every request makes a scope each: the pool's cap counts them all, the
+    oldest answers go first whichever scope holds them, a scope left empty is forgotten, and memory stays flat."""
+    rng = random.Random(2)
+    caches = TrafficCaches(TrafficSettings(max_tokens=5_000))
+    tracemalloc.start()
+    held = []
+    try:
+        for i in range(3_000):
+            caches.insert(f"tenant-{i}", [rng.randrange(1000, 5000) for _ in range(50)])
+            if i % 500 == 499:
+                held.append(tracemalloc.get_traced_memory()[0])
+    finally:
+        tracemalloc.stop()
+    scopes = caches.scopes()
+    assert sum(cache.cached_tokens for cache in scopes.values()) <= 5_000 and len(scopes) == 100
+    assert "tenant-2999" in scopes and "tenant-0" not in scopes and caches.for_scope("tenant-0").answers == 0
+    assert max(held) < 1.5 * held[0]
 
 
 @pytest.fixture(scope="module")

@@ -109,10 +109,11 @@ class TrafficCache:
         """About what the cache's objects take: every token kept and indexed (evicted ones until the next rebuild)."""
         return TOKEN_BYTES * len(self._tokens) + POSITION_BYTES * self._positions + KEY_BYTES * len(self._index)
 
-    def insert(self, answer: list[int]) -> None:
-        """A finished answer (its tokens as the target wrote them); answers too short to match are skipped."""
+    def insert(self, answer: list[int]) -> bool:
+        """A finished answer (its tokens as the target wrote them); whether it was kept (answers too short to match
+        are skipped)."""
         if len(answer) <= MIN_MATCH:
-            return
+            return False
         with self._lock:
             self._tokens.append(GAP)
             start = self._base + len(self._tokens)
@@ -120,7 +121,17 @@ class TrafficCache:
             self._answers.append((start, len(answer)))
             self._cached += len(answer)
             self._index_positions(start, len(answer))
-            self._evict()
+            while self._cached > self.settings.max_tokens and len(self._answers) > 1:
+                self._drop()
+            self._compact()
+        return True
+
+    def drop_oldest(self) -> None:
+        """Evict the oldest answer: the pool's cap, counted over all its scopes, is past."""
+        with self._lock:
+            if self._answers:
+                self._drop()
+                self._compact()
 
     def speculate(self, context: list[int], limit: int, options: TrafficOptions | None = None) -> TrafficDraft | None:
         """The best draft of at most ``limit`` tokens after ``context`` (the request's prompt and answer so far,
@@ -159,12 +170,13 @@ class TrafficCache:
                 del occurrences[:MAX_OCCURRENCES]
                 self._positions -= MAX_OCCURRENCES
 
-    def _evict(self) -> None:
-        """Drop the oldest answers past ``max_tokens``; rebuild the array and index once the dropped ones are half
-        of what they hold (each token is rebuilt at most once per doubling, so inserting stays O(1) amortised)."""
-        while self._cached > self.settings.max_tokens and len(self._answers) > 1:
-            _, length = self._answers.popleft()
-            self._cached -= length
+    def _drop(self) -> None:
+        _, length = self._answers.popleft()
+        self._cached -= length
+
+    def _compact(self) -> None:
+        """Rebuild the array and index without the dropped answers once they are half of what they hold (each
+        token is rebuilt at most once per doubling, so inserting stays O(1) amortised)."""
         first = self._answers[0][0] - 1 if self._answers else self._base + len(self._tokens)
         if 2 * (first - self._base) < len(self._tokens):
             return
@@ -233,21 +245,48 @@ class TrafficCaches:
         self.settings = settings
         self._caches: dict[str | None, TrafficCache] = {}
         self._lock = threading.Lock()
+        self._order: deque[tuple[str | None, int]] = deque()
+        """Every cached answer's scope and length, oldest first, across scopes: what the pool's cap evicts."""
+        self._cached = 0
+        self._empty = TrafficCache(settings)
+        """What a scope with nothing cached drafts from: nothing."""
         self.listeners: list[Callable[[str | None, list[int]], None]] = []
 
     def record(self, scope: str | None, answer: list[int]) -> None:
         """An answer written here: into its scope's cache, then to every listener."""
-        self.for_scope(scope).insert(answer)
+        self.insert(scope, answer)
         for listener in self.listeners:
             listener(scope, answer)
 
-    def for_scope(self, scope: str | None) -> TrafficCache:
+    def insert(self, scope: str | None, answer: list[int]) -> None:
+        """An answer into its scope's cache, and the pool's oldest answers out while all scopes together hold more
+        than ``max_tokens``: a cap per scope alone would let a client that names a new tenant every request (a
+        scope each) grow the pool's memory without bound. A scope left empty is forgotten."""
         key = None if self.settings.shared else scope
         with self._lock:
-            cache = self._caches.get(key)
-            if cache is None:
-                cache = self._caches[key] = TrafficCache(self.settings)
-            return cache
+            if not self._cache(key).insert(answer):
+                return
+            self._order.append((key, len(answer)))
+            self._cached += len(answer)
+            while self._cached > self.settings.max_tokens and len(self._order) > 1:
+                oldest, length = self._order.popleft()
+                self._cached -= length
+                cache = self._caches[oldest]
+                cache.drop_oldest()
+                if not cache.answers:
+                    del self._caches[oldest]
+
+    def for_scope(self, scope: str | None) -> TrafficCache:
+        """The scope's cache to draft from (an empty one where the scope has none: nothing is kept for it)."""
+        key = None if self.settings.shared else scope
+        with self._lock:
+            return self._caches.get(key, self._empty)
+
+    def _cache(self, key: str | None) -> TrafficCache:
+        cache = self._caches.get(key)
+        if cache is None:
+            cache = self._caches[key] = TrafficCache(self.settings)
+        return cache
 
     def scopes(self) -> dict[str | None, TrafficCache]:
         with self._lock:
