@@ -124,12 +124,13 @@ class Policy:
 
     def _time_saved(self, routed: RoutedRequest) -> Decision:
         """The pool the request is expected to finish on first, from the classifier's expected speedup moved towards
-        what its template measured; a repeated template DSpark never answered goes there to be measured."""
+        what its template measured; a repeated template DSpark never answered, or not for a while, goes there to be
+        measured."""
         speedup = self._expected_speedup(routed)
         key = routed.template if self.templates is not None else None
-        if key is not None and self.templates.probe(key):
+        reason = self.templates.probe(key) if key is not None else None
+        if reason is not None:
             pool = self.config.dspark_pool
-            reason = "a repeated template the DSpark pool has not answered yet: measured there"
             return Decision(pool=pool, policy_pool=pool, rule="template_probe", reason=reason, tenant=routed.tenant)
         measured = self.templates.speedup(key) if key is not None else None
         if measured is not None:

@@ -9,7 +9,11 @@ own timing, no queue), and the expected-time policy weighs the measured speedup 
 second measured DSpark answer on (:meth:`TemplateSpeeds.speedup`). A template no DSpark answer measured is judged by
 the classifier, as any cold request; one the router has seen :data:`PROBE_AFTER` times and DSpark never answered
 goes to DSpark until it has :data:`MIN_MEASURED` answers there (a probe: a repeated template is what the pool can
-learn, and without one measured answer nothing would ever move the classifier's verdict).
+learn, and without one measured answer nothing would ever move the classifier's verdict). And a template judged for
+the standard pool goes to DSpark again once every :data:`REPROBE_AFTER` of its requests: its DSpark speed grows with
+the answers the DSpark pool's cache holds of it, and only DSpark's own answers fill that cache, so a verdict from
+its first two, drafted from almost nothing, would otherwise stand for good (the trace's rewrites: 4 of 20 requests
+to DSpark through ``auto``, where DSpark ran 1.21x the standard pool from the 9th request on).
 
 Templates are kept per cache scope (the tenant, within the API key), as the pool's caches are: what one tenant's
 traffic taught the pool says nothing of another's. Bounded: the least recently seen template goes first.
@@ -21,6 +25,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+REPROBE_AFTER = 8
+"""Requests of a template since DSpark last answered one, after which the next goes there to be measured again."""
 MIN_MEASURED = 2
 """DSpark answers of a template before its measured speedup counts: one answer is mostly its own content."""
 PROBE_AFTER = 4
@@ -40,6 +46,8 @@ class _Template:
     seconds_per_token: dict[str, float] = field(default_factory=dict)
     """Per pool, an average over the template's recent answers there (recent ones weigh most)."""
     measured: dict[str, int] = field(default_factory=dict)
+    dspark_at: int = 0
+    """``seen`` when DSpark last answered the template."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +88,8 @@ class TemplateSpeeds:
             template = self._template(key)
             template.seconds_per_token[pool] = _moved(template.seconds_per_token.get(pool), per_token)
             template.measured[pool] = template.measured.get(pool, 0) + 1
+            if pool == self.dspark_pool:
+                template.dspark_at = template.seen
 
     def speedup(self, key: str | None) -> Measured | None:
         """The template's measured speedup, once DSpark answered it :data:`MIN_MEASURED` times."""
@@ -95,17 +105,19 @@ class TemplateSpeeds:
             dspark = template.seconds_per_token[self.dspark_pool]
             return Measured(standard / dspark, template.measured[self.dspark_pool])
 
-    def probe(self, key: str | None) -> bool:
-        """Whether this request of a repeated template should go to DSpark to be measured there."""
+    def probe(self, key: str | None) -> str | None:
+        """Why this request of a repeated template should go to DSpark to be measured there, or None."""
         if key is None:
-            return False
+            return None
         with self._lock:
             template = self._templates.get(key)
-            return (
-                template is not None
-                and template.seen > PROBE_AFTER
-                and template.measured.get(self.dspark_pool, 0) < MIN_MEASURED
-            )
+            if template is None or template.seen <= PROBE_AFTER:
+                return None
+            if template.measured.get(self.dspark_pool, 0) < MIN_MEASURED:
+                return "a repeated template the DSpark pool has not answered yet: measured there"
+            if template.seen - template.dspark_at > REPROBE_AFTER:
+                return f"{REPROBE_AFTER} requests of this template since DSpark last answered one: measured there again"
+            return None
 
     def _template(self, key: str) -> _Template:
         template = self._templates.get(key)

@@ -6,13 +6,15 @@ per template and per tenant."""
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from router.config import PolicyConfig
 from router.expected_time import LoadEstimator, PoolCost, PoolSide
 from router.policy import Policy
 from router.request import parse_openai_args
-from router.templates import MAX_TEMPLATES, MIN_MEASURED, PROBE_AFTER, TemplateSpeeds, blended
+from router.templates import MAX_TEMPLATES, MIN_MEASURED, PROBE_AFTER, REPROBE_AFTER, TemplateSpeeds, blended
 from tests.test_router_support import config_data, make_router, router_models  # noqa: F401
 from tests.test_routing_load import CURVE, IDLE, POOLS, GainScorer
 
@@ -83,6 +85,28 @@ def test_a_template_dspark_answered_slowly_goes_back_to_the_standard_pool():
     assert not templates.probe(key)
     decision = _policy(templates).decide(_routed("another ticket"))
     assert (decision.pool, decision.rule) == ("standard", "time_saved")
+
+
+def test_a_template_judged_for_the_standard_pool_is_measured_on_dspark_again_as_its_cache_grows():
+    """DSpark's speed on a template grows with the answers its cache holds, and only its own answers fill it: a
+    template its first answers judged slow there goes back to DSpark once every REPROBE_AFTER requests, and the new
+    measurement, not the old verdict, decides what follows."""
+    templates = TemplateSpeeds("dspark", "standard")
+    chosen = _policy(templates)
+    key = _routed("a ticket").template
+    for _ in range(PROBE_AFTER + 1):
+        templates.seen(key)
+    for _ in range(MIN_MEASURED):
+        templates.observe(key, "dspark", seconds=2.0, tokens=100)  # drafted from nothing: slow
+    rules = []
+    while "time_saved_dspark" not in rules and len(rules) < 100:
+        decision = chosen.decide(_routed("another ticket"))
+        rules.append(decision.rule + ("_dspark" if decision.pool == "dspark" and decision.rule == "time_saved" else ""))
+        templates.seen(key)
+        templates.observe(key, decision.pool, seconds=1.0 if decision.pool == "standard" else 0.4, tokens=100)
+    probes = [i for i, rule in enumerate(rules) if rule == "template_probe"]
+    assert rules[-1] == "time_saved_dspark" and len(probes) >= 2, rules
+    assert all(REPROBE_AFTER < b - a <= REPROBE_AFTER + 2 for a, b in pairwise([-1, *probes]))  # seen, then answered
 
 
 def test_templates_are_bounded_and_the_least_recently_seen_goes_first():
