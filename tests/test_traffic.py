@@ -64,13 +64,14 @@ def test_the_memory_cap_holds_after_10000_answers_and_evicted_answers_never_draf
     """Memory as Python allocates it (the array, the index and its lists), sampled as answers go in: once the cap is
     reached it stays flat (the evicted half is rebuilt away), and the oldest answer no longer drafts."""
     rng = random.Random(0)
-    cache = TrafficCache(TrafficSettings(max_tokens=20_000))
-    cache.insert([1, 2, 3, 4, 5, 6, 7, 8])
+    caches = TrafficCaches(TrafficSettings(max_tokens=20_000))
+    caches.insert(None, [1, 2, 3, 4, 5, 6, 7, 8])
+    cache = caches.for_scope(None)
     tracemalloc.start()
     at_cap, peak = None, 0
     try:
         for i in range(10_000):
-            cache.insert([rng.randrange(1000, 5000) for _ in range(rng.randint(20, 60))])
+            caches.insert(None, [rng.randrange(1000, 5000) for _ in range(rng.randint(20, 60))])
             if i % 50 == 0:
                 held = tracemalloc.get_traced_memory()[0]
                 if at_cap is None and cache.cached_tokens > 19_000:
@@ -113,6 +114,16 @@ def test_caches_are_kept_per_scope_unless_the_pool_shares():
     shared = TrafficCaches(TrafficSettings(shared=True))
     shared.insert("a", answer)
     assert shared.for_scope("a") is shared.for_scope("b") is shared.for_scope(None)
+
+
+def test_one_scope_at_the_cap_loses_one_answer_per_answer_it_gains():
+    """The pool's cap is the only eviction: a scope alone at the cap gives up its oldest answer for each new one, not
+    two (as when its cache also kept a cap of its own, and the pool's count drifted from what it held)."""
+    rng = random.Random(3)
+    caches = TrafficCaches(TrafficSettings(max_tokens=1_000))
+    for _ in range(100):
+        caches.insert("a", [rng.randrange(1000, 5000) for _ in range(50)])
+    assert (caches.for_scope("a").answers, caches.for_scope("a").cached_tokens) == (20, 1_000)
 
 
 def test_the_pools_cap_holds_over_all_its_scopes():

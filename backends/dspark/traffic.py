@@ -17,8 +17,9 @@ the occurrences of the newest tokens):
   multiplied along the path (SuffixDecoding's score). A draft stops where that probability falls below
   ``min_token_prob`` or at ``floor(m * length_factor)`` tokens: a longer match drafts more. The draft with the
   highest summed probability wins (ties to the longer match).
-* **Memory.** Bounded by ``max_tokens`` cached tokens; past it the oldest answers go first, and the index is
-  rebuilt without them once they are half of it.
+* **Memory.** Bounded by ``max_tokens`` cached tokens over all of a pool's scopes (:class:`TrafficCaches`, the one
+  place that evicts); past it the oldest answers go first, and a cache's index is rebuilt without them once they
+  are half of it.
 
 Caches are kept per scope (a tenant, or an API key and the tenant within it: :class:`TrafficCaches`), because
 acceptance length and timing would tell one tenant whether another's text is cached.
@@ -121,16 +122,14 @@ class TrafficCache:
             self._answers.append((start, len(answer)))
             self._cached += len(answer)
             self._index_positions(start, len(answer))
-            while self._cached > self.settings.max_tokens and len(self._answers) > 1:
-                self._drop()
-            self._compact()
         return True
 
     def drop_oldest(self) -> None:
         """Evict the oldest answer: the pool's cap, counted over all its scopes, is past."""
         with self._lock:
             if self._answers:
-                self._drop()
+                _, length = self._answers.popleft()
+                self._cached -= length
                 self._compact()
 
     def speculate(self, context: list[int], limit: int, options: TrafficOptions | None = None) -> TrafficDraft | None:
@@ -169,10 +168,6 @@ class TrafficCache:
             if len(occurrences) > 2 * MAX_OCCURRENCES:
                 del occurrences[:MAX_OCCURRENCES]
                 self._positions -= MAX_OCCURRENCES
-
-    def _drop(self) -> None:
-        _, length = self._answers.popleft()
-        self._cached -= length
 
     def _compact(self) -> None:
         """Rebuild the array and index without the dropped answers once they are half of what they hold (each
