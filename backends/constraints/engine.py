@@ -77,6 +77,11 @@ class GrammarDraft:
     refused: bool
     """The draft's token after those was refused by the grammar (its distribution is needed to sample exactly)."""
 
+    def rows(self, probs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The draft distributions ``probs`` (one row per drafted token) of the tokens kept as the draft's own, and
+        that of the refused token after them (None where none was refused)."""
+        return probs[: self.drafted], probs[self.drafted] if self.refused else None
+
 
 class GrammarConstraint:
     """The state of one request's grammar over the tokens committed so far."""

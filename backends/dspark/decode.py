@@ -97,10 +97,8 @@ def propose(
     if constraint is None:
         return Proposal([token, *drafted], draft_probs)
     walk = constraint.follow(drafted, room - 1)
-    if draft_probs is None:
-        return Proposal([token, *walk.tokens], None, forced=walk.forced)
-    refused = draft_probs[walk.drafted] if walk.refused else None
-    return Proposal([token, *walk.tokens], draft_probs[: walk.drafted], refused, walk.forced)
+    probs, refused = walk.rows(draft_probs) if draft_probs is not None else (None, None)
+    return Proposal([token, *walk.tokens], probs, refused, walk.forced)
 
 
 def decode(

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Generator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import pairwise
 from typing import Literal
 
@@ -210,12 +210,17 @@ class Proposal:
     text took its place. The target could never have written it, so what a block of this kind earns counts it
     rejected (or a block the grammar always cuts would be drafted every round and never learnt from)."""
 
-    def confidence(self, own: list[float]) -> list[float]:
-        """Each token's expected conditional acceptance, from ``own`` (the block's, by its own positions): forced
-        text is certain once what precedes it is kept."""
-        if not own or self.forced is None:  # no estimate (no confidence head): verified whole, as without a grammar
-            return own
-        return [1.0 if certain else own[k] for k, certain in enumerate(self.forced)]
+    def confidence(self, estimate: list[float]) -> list[float]:
+        """Each token's expected conditional acceptance, from ``estimate`` (the block's, by its own positions):
+        forced text is certain once what precedes it is kept."""
+        if not estimate or self.forced is None:  # no estimate (no confidence head): verified whole, as ungrammared
+            return estimate
+        return [1.0 if certain else estimate[k] for k, certain in enumerate(self.forced)]
+
+    @property
+    def owned(self) -> int:
+        """How many leading tokens are the block's own (all of them, where no grammar walked it)."""
+        return len(self.tokens) if self.own is None else self.own
 
     def first(self, length: int) -> Proposal:
         """The schedule's cut of a block walked through the grammar: its first ``length`` tokens, and at least the
@@ -223,7 +228,7 @@ class Proposal:
         forced = self.forced or []
         leading = next((k for k, certain in enumerate(forced) if not certain), len(forced))
         length = max(length, leading)
-        own = len(self.tokens) if self.own is None else self.own
+        own = self.owned
         whole = length >= len(self.tokens)
         return replace(
             self,
@@ -237,7 +242,7 @@ class Proposal:
 
     def learnt(self, accepted: int) -> tuple[int, int]:
         """The block's own tokens tried and kept this round, for what blocks of its kind are measured to earn."""
-        own = len(self.tokens) if self.own is None else self.own
+        own = self.owned
         return own + int(self.cut_short and accepted >= own), min(accepted, own)
 
 
@@ -250,10 +255,7 @@ def obeying(proposal: Proposal, constraint: GrammarConstraint | None, room: int)
     if constraint is None:
         return proposal
     walk = constraint.follow(proposal.tokens, room)
-    probs, refused = proposal.probs, None
-    if probs is not None:
-        refused = probs[walk.drafted] if walk.refused else None
-        probs = probs[: walk.drafted]
+    probs, refused = walk.rows(proposal.probs) if proposal.probs is not None else (None, None)
     short = walk.drafted < len(proposal.tokens)
     kept = {"tokens": walk.tokens, "probs": probs, "refused": refused, "forced": walk.forced, "own": walk.drafted}
     return replace(proposal, **kept, cut_short=short)
@@ -271,7 +273,7 @@ class Traffic:
     acceptance: CopyAcceptance
     options: TrafficOptions
     datastore: Datastore | None = None
-    stored: CopyAcceptance | None = None
+    stored: CopyAcceptance = field(default_factory=CopyAcceptance)
 
     @property
     def cache(self) -> TrafficCache:
@@ -304,7 +306,7 @@ class Drafting:
         """What looked-up blocks from ``source`` earned in the pool, by the length of their match."""
         if source == "copy" or self.traffic is None:
             return self.copies
-        return self.traffic.acceptance if source == "traffic" or self.traffic.stored is None else self.traffic.stored
+        return self.traffic.acceptance if source == "traffic" else self.traffic.stored
 
     @property
     def committed(self) -> int:
@@ -348,7 +350,7 @@ def looked_up(
     if traffic is not None and traffic.options.enabled:
         context = [*state.lookup.tokens[-traffic.options.depth :], anchor]
         sources = [(traffic.cache, traffic.acceptance, "traffic")]
-        if traffic.datastore is not None and traffic.stored is not None:
+        if traffic.datastore is not None:
             sources.append((traffic.datastore, traffic.stored, "datastore"))
         for store, learnt, source in sources:
             found = store.speculate(context, traffic_limit, traffic.options)
