@@ -41,7 +41,7 @@ from backends.packed.pool import serial_torch_on_this_thread
 from backends.packed.prefix_cache import PrefixCache
 from backends.scheduling import RoundCost, schedule_batch
 from backends.sequence import Sequence
-from backends.steps import Budget, Forward, Rewind, Schedule
+from backends.steps import Budget, Forward, KeepPath, Rewind, Schedule
 
 IDLE_EXIT_S = 0.02
 """An engine's thread ends after this long with nothing to do, so an unused backend holds no thread; the next
@@ -236,8 +236,12 @@ class DecodeEngine:
             return
         if any(not isinstance(s.pending, Forward) for s in rows):
             raise BackendError("a decode loop asked for something other than a forward pass at the forward")
-        inputs = [s.pending.tokens for s in rows]
-        outputs = self.kv.step(inputs, any(s.pending.hidden_states for s in rows))
+        inputs, trees = [s.pending.tokens for s in rows], [s.pending.parents for s in rows]
+        hidden_states = any(s.pending.hidden_states for s in rows)
+        if any(parents is not None for parents in trees):  # only the packed engine's loops verify trees
+            outputs = self.kv.step(inputs, hidden_states, trees)
+        else:
+            outputs = self.kv.step(inputs, hidden_states)
         for sequence, out in zip(rows, outputs):
             self._advance(sequence, out)
         if curve is not None:
@@ -265,9 +269,11 @@ class DecodeEngine:
         the way; a finished or failed request leaves the batch."""
         try:
             item = sequence.loop.send(answer)
-            while isinstance(item, (list, Rewind)):
+            while isinstance(item, (list, Rewind, KeepPath)):
                 if isinstance(item, Rewind):
                     self.kv.rewind(sequence, item.tokens)
+                elif isinstance(item, KeepPath):
+                    self.kv.keep(sequence, item.forwarded, item.kept)
                 elif sequence.push(item):
                     self._retire(sequence, finished=True)
                     return

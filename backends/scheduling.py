@@ -273,6 +273,11 @@ class VerifySchedule:
     pool's :class:`DraftCost`)."""
     lookup: Lookup = "off"
     """Blocks copied from the context (:mod:`backends.dspark.lookup`) beside the drafter's, or only those."""
+    trees: bool = False
+    """Looked-up blocks that disagree verified together as one token tree (:mod:`backends.dspark.tree`). Off by
+    default: on a 2-core CPU, where every verified token costs, trees committed 1-4% more tokens a forward on the
+    agent trace but ran 1-3% slower (README, "Token trees"); where a verified token is nearly free (a GPU), a pool
+    or request turns them on."""
 
     @property
     def batched(self) -> bool:

@@ -28,6 +28,9 @@ class Forward:
 
     tokens: list[int]
     hidden_states: bool = False
+    parents: list[int] | None = None
+    """A token tree (the packed engine's): each token's parent, an index into ``tokens`` (-1: what the request
+    committed before), so a token sees only its ancestors; None: a sequence, each token after the one before."""
 
 
 @dataclass
@@ -51,6 +54,15 @@ class Rewind:
 
 
 @dataclass(frozen=True)
+class KeepPath:
+    """Of the last forward's ``forwarded`` tokens (a tree), keep those at ``kept`` (a path from its first token, in
+    order) and forget the rest."""
+
+    forwarded: int
+    kept: list[int]
+
+
+@dataclass(frozen=True)
 class Budget:
     """Before drafting: the most draft tokens worth drafting at the batch's size, given the request's mean prefix
     survival so far (``expected``, empty before its first draft); answered with an int, 0 to skip the drafter."""
@@ -69,7 +81,7 @@ class Schedule:
     limit: int
 
 
-Step = Forward | Rewind | Budget | Schedule | list[int]
+Step = Forward | Rewind | KeepPath | Budget | Schedule | list[int]
 DecodeLoop = Generator[Step, ForwardOut | int | None, None]
 
 

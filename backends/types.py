@@ -122,6 +122,10 @@ class DSparkOptions(BaseModel):
     traffic: TrafficOptions | None = Field(
         default=None, description="dspark drafter: drafting from the pool's earlier answers (default: the pool's)"
     )
+    trees: bool | None = Field(
+        default=None,
+        description="dspark drafter: looked-up blocks that disagree verified together as one token tree",
+    )
 
     @field_validator("thresholds")
     @classmethod
@@ -314,6 +318,8 @@ class SpanStats(BaseModel):
     """Rounds that verified a block drafted from the pool's earlier answers (:mod:`backends.dspark.traffic`)."""
     datastore_rounds: int = 0
     """Rounds that verified a block drafted from the target's shipped answers (:mod:`backends.dspark.datastore`)."""
+    tree_rounds: int = 0
+    """Rounds that verified several looked-up blocks as one token tree (:mod:`backends.dspark.tree`)."""
 
     @property
     def fallback_rate(self) -> float:

@@ -16,7 +16,13 @@ def test_the_longest_earlier_ngram_ending_with_the_anchor_gives_the_copy():
     assert lookup.propose(4, 4) == Copy([5, 9, 9, 2], match=3)
     assert lookup.propose(42, 4) is None, "a token never seen proposes nothing"
     assert lookup.propose(4, 0) is None, "no room left: nothing to copy"
-    assert NgramLookup([4, 5]).propose(4, 4) == Copy([5], match=1)
+    assert NgramLookup([4, 5]).propose(4, 4) == Copy([5, 4, 5, 4], match=1), "past the present, the copy repeats"
+
+
+def test_a_copy_that_runs_into_the_present_repeats_the_period_its_match_found():
+    lookup = NgramLookup([9, 1, 2, 3, 1, 2])
+    assert lookup.propose(3, 7).tokens == [1, 2, 3, 1, 2, 3, 1], "1 2 3 1 2 3: period 3"
+    assert lookup.propose(3, 2).tokens == [1, 2], "within what is known, nothing repeats"
 
 
 def test_the_latest_occurrence_wins_and_committed_tokens_join_the_index():

@@ -93,6 +93,33 @@ def test_attention_past_one_split_of_the_cache_is_the_references(served):
     assert agree[split:].mean() > 0.95
 
 
+@pytest.mark.parametrize("cut", [40, 126], ids=["in-one-split", "across-splits"])
+def test_a_token_tree_gives_each_branch_the_bits_of_that_branch_alone(served, cut):
+    """One forward over an anchor and a tree of three branches (one off the first at its second token, one off the
+    anchor), beside another request's row: every branch's logits are those of that branch verified as a draft alone,
+    bit for bit, also where the branches run across one of attention's splits (a prompt of 126 tokens). Keeping the
+    branch off the first moves it into place: the next token's logits are those after that branch alone."""
+    ids = _ids(served, LONG_PROMPT)[:cut]
+    first, second, third = [101, 202, 303, 404], [101, 505, 606], [707, 808]
+    anchor, tree = 17, [101, 202, 303, 404, 505, 606, 707, 808]
+    parents = [-1, 0, 1, 2, 3, 1, 5, 0, 7]  # the anchor, then each tree token's parent among the forward's tokens
+
+    def alone(branch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        kv, row = PackedKV(served), object()
+        kv.prefill([row], [ids])
+        logits = kv.step([[anchor, *branch]])[0].logits
+        return logits, kv.step([[9]])[0].logits[0]
+
+    kv, row, other = PackedKV(served), object(), object()
+    kv.prefill([other, row], [_ids(served, PROMPTS[1]), ids])
+    logits = kv.step([[5, 6], [anchor, *tree]], trees=[None, parents])[1].logits
+    for rows, branch in (([0, 1, 2, 3, 4], first), ([0, 1, 5, 6], second), ([0, 7, 8], third)):
+        assert torch.equal(logits[rows], alone(branch)[0])
+    kv.keep(row, 1 + len(tree), [0, 1, 5, 6])
+    assert kv.lengths[1] == len(ids) + 1 + len(second)
+    assert torch.equal(kv.step([[5], [9]])[1].logits[0], alone(second)[1])
+
+
 def test_both_instruction_sets_give_the_same_bits(served, monkeypatch):
     """Over a prompt past three of attention's splits, so the combination of splits is compared too."""
     ids = _ids(served, LONG_PROMPT)

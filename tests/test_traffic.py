@@ -60,6 +60,24 @@ def test_a_draft_stops_where_earlier_answers_disagree_too_much():
     assert cache.speculate([1, 2, 3, 4], MAX_DRAFT, asked) is None
 
 
+def test_where_earlier_answers_split_the_runner_ups_paths_are_a_trees_other_branches():
+    """Four answers after one template: 30 31 twice, 30 32 once, 40 41 once. The draft follows 30 31; its forks
+    are 40 41 (a quarter of the answers, at the first token) and 30 32 (a third of those that wrote 30, then
+    followed as far as its own answers go), each with its path probability; they are asked for, never made
+    otherwise."""
+    cache = TrafficCache(TrafficSettings(min_token_prob=0.1))
+    for ending in ([30, 31, 33], [30, 32, 34], [40, 41], [30, 31, 33]):
+        cache.insert([1, 2, 3, 4, *ending])
+    draft = cache.speculate([1, 2, 3, 4], MAX_DRAFT, forks=True)
+    assert draft.tokens == [30, 31, 33] and draft.probs == pytest.approx([0.75, 0.5, 0.5])
+    assert [fork.tokens for fork in draft.forks] == [[40, 41], [30, 32, 34]]
+    assert draft.forks[0].probs == pytest.approx([0.25, 0.25]) and draft.forks[1].probs == pytest.approx(
+        [0.75, 0.25, 0.25]
+    )
+    assert draft.forks[1].votes == [4, 3, 1]
+    assert cache.speculate([1, 2, 3, 4], MAX_DRAFT).forks == ()
+
+
 def test_the_memory_cap_holds_after_10000_answers_and_evicted_answers_never_draft():
     """Memory as Python allocates it (the array, the index and its lists), sampled as answers go in: once the cap is
     reached it stays flat (the evicted half is rebuilt away), and the oldest answer no longer drafts."""
@@ -177,6 +195,24 @@ def test_greedy_output_drafting_from_the_traffic_is_plain_decodings(published):
     assert drafted > 0
     off = GenerationRequest(**{**bodies[0], "max_tokens": 48, "dspark": DSparkOptions(traffic={"enabled": False})})
     assert backend.complete(off).stats.spans.traffic_rounds == 0
+
+
+@pytest.mark.parametrize("job_name", ["extraction", "docstrings"])
+def test_greedy_output_verifying_token_trees_is_plain_decodings(published, job_name):
+    """Where the context's copy, the traffic's draft, its forks and the shipped answers' disagree, they are verified
+    as one tree: under a JSON schema (each branch walked through the grammar) and without one, every output is the
+    autoregressive one, token for token, and trees were verified; a request that leaves them off (the default)
+    verifies none."""
+    backend, plain = _with_traffic(published, TrafficSettings()), AutoregressiveBackend(published.loaded)
+    job = next(j for j in JOBS if j.name == job_name)
+    trees = 0
+    for body in requests(job, 6):
+        request = GenerationRequest(**{**body, "max_tokens": 64, "dspark": DSparkOptions(trees=True)})
+        result = backend.complete(request)
+        assert result.token_ids == plain.complete(request).token_ids
+        trees += result.stats.spans.tree_rounds
+    assert trees > 0
+    assert backend.complete(GenerationRequest(**{**body, "max_tokens": 64})).stats.spans.tree_rounds == 0
 
 
 def _traffic_rounds(backend: DSparkBackend, scope: str, repeats: int = 3) -> int:

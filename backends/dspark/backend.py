@@ -279,6 +279,7 @@ def resolve_schedule(schedule: VerifySchedule, options: DSparkOptions | None) ->
         max_draft=options.max_span - 1 if options.max_span is not None else schedule.max_draft,
         verification=options.verification or schedule.verification,
         lookup=options.lookup or schedule.lookup,
+        trees=options.trees if options.trees is not None else schedule.trees,
     )
 
 

@@ -119,8 +119,11 @@ class Datastore:
         """The token array, the sorted positions and their keys (mapped: shared by the processes reading them)."""
         return self._tokens.nbytes + self._starts.nbytes + self._keys.nbytes
 
-    def speculate(self, context: list[int], limit: int, options: TrafficOptions) -> TrafficDraft | None:
-        """The best draft of at most ``limit`` tokens after ``context`` (ending with the anchor), or None."""
+    def speculate(
+        self, context: list[int], limit: int, options: TrafficOptions, forks: bool = False
+    ) -> TrafficDraft | None:
+        """The best draft of at most ``limit`` tokens after ``context`` (ending with the anchor), or None;
+        ``forks``: with its other paths (for a token tree)."""
         if limit <= 0 or len(context) < MIN_MATCH:
             return None
         for n in range(min(self._depth, len(context)), MIN_MATCH - 1, -1):
@@ -141,8 +144,11 @@ class Datastore:
                 match += 1
             matches.append((match, len(continuations) + 1))
             continuations += [GAP, *row[back:]]
-        draft = best_draft([*continuations, GAP], matches, limit, options)
-        return None if draft is None else replace(draft, votes=[VOTES] * len(draft.votes))
+        draft = best_draft([*continuations, GAP], matches, limit, options, forks)
+        if draft is None:
+            return None
+        others = tuple(replace(fork, votes=[VOTES] * len(fork.votes)) for fork in draft.forks)
+        return replace(draft, votes=[VOTES] * len(draft.votes), forks=others)
 
     def _range(self, newest: list[int]) -> tuple[int, int]:
         """The range of sorted positions whose newest ``len(newest)`` tokens before them are ``newest``."""

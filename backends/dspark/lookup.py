@@ -67,13 +67,27 @@ class NgramLookup:
 
     def propose(self, anchor: int, limit: int) -> Copy | None:
         """Up to ``limit`` tokens that followed the latest earlier occurrence of the longest n-gram ending with
-        ``anchor`` (the newest committed token, not yet in the index), or none."""
+        ``anchor`` (the newest committed token, not yet in the index), or none. A copy that runs into the present
+        goes on with the anchor and then with itself: the text from the occurrence on repeats with the period the
+        match found, as a list, a table's rows or a looping answer does (a loop of two tokens was copied two tokens
+        a round, where the whole block repeats it)."""
         history = [*self.tokens[-(MAX_NGRAM - 1) :], anchor]
         for n in range(min(MAX_NGRAM, len(history)), 0, -1):
             start = self.index.get(tuple(history[-n:]))
             if start is not None:
-                return Copy(self.tokens[start : start + limit], self._match(start, n)) if limit > 0 else None
+                return Copy(self._periodic(start, anchor, limit), self._match(start, n)) if limit > 0 else None
         return None
+
+    def _periodic(self, start: int, anchor: int, limit: int) -> list[int]:
+        """``limit`` tokens of the sequence ``tokens + [anchor] + copy`` from ``start`` on (each is one already
+        known, since ``start`` is at most the anchor's position)."""
+        copy = self.tokens[start : start + limit]
+        if len(copy) < limit:
+            copy.append(anchor)
+            period = len(self.tokens) + 1 - start
+            while len(copy) < limit:
+                copy.append(copy[len(copy) - period])
+        return copy
 
     def _match(self, start: int, n: int) -> int:
         """The n-gram's match extended backwards: the tokens before its earlier occurrence (which ends at

@@ -51,14 +51,19 @@ from backends.dspark.datastore import Datastore
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.lookup import CopyAcceptance, MeasuredAcceptance, NgramLookup
 from backends.dspark.traffic import MAX_DRAFT, TrafficCache, TrafficCaches
+from backends.dspark.tree import ANCHOR, Branch, TokenTree, agreement, merged, verify_tree
 from backends.dspark.verify import RoundStats, verify
 from backends.loading import LoadedModel
 from backends.sampling import pick_allowed, sample, token_probs
 from backends.scheduling import DraftCost, VerifySchedule, prefix_survival
-from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, Rewind, Schedule, Step
+from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, KeepPath, Rewind, Schedule, Step
 from backends.traffic_settings import TrafficOptions
 from backends.types import GenerationRequest, GenerationStats
 
+TREE_WORK_S = 2e-4
+"""What a tree round's own work (merging its blocks, walking the verified tree) costs before this request measured
+it: on a 2-core Xeon a tree of 10 nodes from 3 blocks took 0.08 ms to merge and cut and 0.04 ms to verify greedily,
+and under a grammar each block's walk adds 7 us a token."""
 Source = Literal["drafter", "copy", "traffic", "datastore"]
 """Where a round's block came from: the drafter, the request's context, the pool's earlier answers, or the target's
 shipped answers."""
@@ -296,6 +301,7 @@ class Drafting:
         self.copies, self.drafts = copies, MeasuredAcceptance()
         self.traffic = traffic
         self.prompt_length = len(prompt)
+        self.tree_cost = DraftCost(TREE_WORK_S)
 
     def draft_confidence(self, limit: int) -> list[float]:
         """A draft of ``limit``'s expected conditional acceptance by position: the drafter's measured acceptance
@@ -334,13 +340,23 @@ class LookedUp:
     confidence: list[float]
     match: int
     source: Source
+    fork: bool = False
+    """Another path of a traffic draft (:attr:`~backends.dspark.traffic.TrafficDraft.forks`): a tree's branch
+    only, never verified alone, and what it earns is not learnt (its runner-up token would count against the drafts
+    of its kind)."""
 
 
 def looked_up(
-    state: Drafting, schedule: VerifySchedule, anchor: int, limit: int, traffic_limit: int, greedy: bool
+    state: Drafting,
+    schedule: VerifySchedule,
+    anchor: int,
+    limit: int,
+    traffic_limit: int,
+    greedy: bool,
+    forks: bool = False,
 ) -> list[LookedUp]:
     """The blocks this round could copy: from the context (``lookup`` on) and from the traffic (where the pool has
-    it on), each up to its own limit."""
+    it on), each up to its own limit; with ``forks``, a traffic draft's other paths too."""
     blocks = []
     copy = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else None
     if copy:
@@ -353,11 +369,58 @@ def looked_up(
         if traffic.datastore is not None:
             sources.append((traffic.datastore, traffic.stored, "datastore"))
         for store, learnt, source in sources:
-            found = store.speculate(context, traffic_limit, traffic.options)
-            if found:
-                confidence = found.confidence(learnt.confidence(found.match, len(found.tokens), greedy))
-                blocks.append(LookedUp(found.tokens, confidence, found.match, source))
+            found = store.speculate(context, traffic_limit, traffic.options, forks)
+            if found is None:
+                continue
+            for draft in [found, *found.forks] if forks else [found]:
+                confidence = draft.confidence(learnt.confidence(draft.match, len(draft.tokens), greedy))
+                blocks.append(LookedUp(draft.tokens, confidence, draft.match, source, draft is not found))
     return blocks
+
+
+@dataclass(frozen=True)
+class TreeProposal:
+    """What a round verifies after its anchor as a token tree (:mod:`backends.dspark.tree`): the looked-up blocks
+    merged, and the blocks themselves, so each kind learns what its own tokens earned."""
+
+    tree: TokenTree
+    blocks: list[LookedUp]
+    built_s: float
+    """Seconds spent merging the blocks (what the round's own tree work costs, with its verification's)."""
+
+
+def as_tree(
+    blocks: list[LookedUp], best: LookedUp, constraint: GrammarConstraint | None, room: int
+) -> TokenTree | None:
+    """The looked-up blocks merged into a tree, ``best``'s first, where they disagree somewhere (None where they
+    are all one branch: the best block alone is verified, as without trees). Under a grammar each block is cut
+    where the grammar refuses it or forces other text (:meth:`~backends.constraints.GrammarConstraint.follow`),
+    and its forced tokens are certain once what precedes them is kept."""
+    if len(blocks) < 2:
+        return None
+    branches = []
+    for block in [best, *(block for block in blocks if block is not best)]:
+        if constraint is None:
+            branches.append(Branch(block.tokens, block.confidence))
+            continue
+        walk = constraint.follow(block.tokens, room)
+        own = agreement(walk.tokens, block.tokens)
+        forced = walk.forced[:own]
+        confidence = [1.0 if certain else c for c, certain in zip(block.confidence, forced)]
+        branches.append(Branch(block.tokens[:own], confidence, forced))
+    tree = merged(branches)
+    return None if all(parent == node - 1 for node, parent in enumerate(tree.parents)) else tree
+
+
+def tree_pays(schedule: VerifySchedule, tree: list[float], block: list[float], overhead_s: float) -> bool:
+    """Whether the tree (its nodes' conditional acceptance best first) is expected to commit more tokens per second
+    than the best block alone, each at the length Algorithm 1 gives it alone, the tree's own work (``overhead_s``,
+    measured) weighed like a drafter pass: on a CPU, where every verified token costs, a tree whose other branches
+    are unlikely loses to the block it was built around."""
+    if schedule.sps is None:
+        return True
+    at_tree, at_block = schedule.length(tree, len(tree)), schedule.length(block, len(block))
+    return expected_rate(schedule, tree[:at_tree], overhead_s) > expected_rate(schedule, block[:at_block])
 
 
 def propose(
@@ -372,16 +435,28 @@ def propose(
     constraint: GrammarConstraint | None,
     room: int,
     drafts: bool = True,
-) -> Generator[Step, int, Proposal]:
+    trees: bool = False,
+) -> Generator[Step, int, Proposal | TreeProposal]:
     """Whichever block is expected to commit the most tokens per second (:func:`expected_rate`): one looked up (a
-    copy from the context, a draft from the traffic) or the drafter's (unless ``drafts`` is off); its length asked
-    of the engine (``Budget`` before drafting, ``Schedule`` after). A drafter pass is weighed at what passes have
-    measured in the loop (``cost``), and this one's time joins them. Every estimate predates this round's blocks, so
-    a request no copy and no earlier answer can help drafts as it did without them."""
+    copy from the context, up to ``limit`` tokens as the drafter's, or a draft from the traffic, up to
+    ``traffic_limit``) or the drafter's (unless ``drafts`` is off); its length asked of the engine (``Budget`` before
+    drafting, ``Schedule`` after). A drafter pass is weighed at what passes have measured in the loop (``cost``), and
+    this one's time joins them. Every estimate predates this round's blocks, so a request no copy and no earlier
+    answer can help drafts as it did without them. With ``trees`` on, looked-up blocks that disagree are verified
+    together as a tree where that is expected to pay (:func:`tree_pays`), its size asked of the engine as a block's
+    length is (its nodes best first, :meth:`~backends.dspark.tree.TokenTree.best_first`)."""
     schedule = replace(schedule, draft_s=cost.seconds)
-    blocks = looked_up(state, schedule, anchor, limit, traffic_limit, request.greedy)
+    blocks = looked_up(state, schedule, anchor, limit, traffic_limit, request.greedy, forks=trees)
     drafting = state.draft_confidence(limit) if drafts else []
-    best = chosen(schedule, blocks, drafting)
+    best = chosen(schedule, [block for block in blocks if not block.fork], drafting)
+    started = time.perf_counter()
+    tree = as_tree(blocks, best, constraint, room) if best and trees else None
+    if tree is not None and tree_pays(schedule, tree.best_first(), best.confidence, state.tree_cost.seconds):
+        confidence = tree.best_first()
+        built_s = time.perf_counter() - started
+        budget = yield Budget(replace(schedule, draft_s=0.0), len(tree), tuple(prefix_survival(confidence)))
+        count = (yield Schedule(schedule, confidence, budget)) if budget else 0
+        return TreeProposal(tree.first(count), blocks, built_s) if count else Proposal([])
     if best:
         expected = tuple(prefix_survival(best.confidence))
         budget = yield Budget(replace(schedule, draft_s=0.0), len(best.tokens), expected)
@@ -407,6 +482,43 @@ def propose(
     return walked.first((yield Schedule(schedule, walked.confidence(block.confidence), limit + appended)))
 
 
+def verify_tree_round(
+    proposal: TreeProposal,
+    run: list[int],
+    state: Drafting,
+    request: GenerationRequest,
+    generator: torch.Generator | None,
+    rounds: RoundStats,
+    layer_ids: list[int],
+    constraint: GrammarConstraint | None,
+    stats: GenerationStats,
+) -> Generator[Step, ForwardOut | None, tuple[list[int], torch.Tensor, int]]:
+    """One forward over the round's committed ``run`` and its tree; the tokens kept (a branch's leading ones, which
+    the grammar consumes), the logits after them and the token after them. The kept branch is moved into place in
+    the cache, and each block of the tree learns what its own tokens earned."""
+    tree, before = proposal.tree, len(run)
+    parents = [*range(-1, before - 1), *(before - 1 if up == ANCHOR else before + up for up in tree.parents)]
+    step = target_pass((yield Forward([*run, *tree.tokens], hidden_states=True, parents=parents)), layer_ids)
+    step_logits = step.logits[before - 1 :]
+    probs = None if request.greedy else token_probs(step_logits, request)
+    started = time.perf_counter()
+    path, next_token = verify_tree(tree, step_logits, probs, generator, constraint)
+    state.tree_cost.add(proposal.built_s + time.perf_counter() - started)
+    kept = [tree.tokens[node] for node in path]
+    if constraint is not None:
+        constraint.consume(kept)
+        stats.forced_tokens += sum(tree.forced[node] for node in path)
+    for block in (block for block in proposal.blocks if not block.fork):
+        tried = tree.reach(block.tokens)
+        state.earned(block.source).add(block.match, request.greedy, tried, min(agreement(block.tokens, kept), tried))
+    source = next((block.source for block in proposal.blocks if block.tokens[: len(kept)] == kept), "copy")
+    rounds.verified(tree.depth, len(kept), source == "copy", source == "traffic", source == "datastore", tree=True)
+    rows = [*range(before), *(before + node for node in path)]
+    yield KeepPath(before + len(tree), rows)
+    state.pending.append(step.features[rows])
+    return kept, step_logits[path[-1] + 1 if path else 0], next_token
+
+
 def decode(
     loaded: LoadedModel,
     drafter: DSparkDrafter,
@@ -426,6 +538,10 @@ def decode(
     ``traffic``: the pool's earlier answers to draft from, which this request's answer joins when it ends."""
     cost = cost or DraftCost(schedule.draft_s)
     layer_ids = drafter.config.target_layer_ids
+    # a tree needs the packed engine's tree attention and exact verification; under a grammar, greedy's (the
+    # grammar's masks along each branch), since a sampled request's looked-up blocks are its context's copies alone
+    trees = schedule.trees and loaded.packed is not None and schedule.verification == "exact"
+    trees = trees and (constraint is None or request.greedy)
     rounds = RoundStats(stats, drafter.block_size)
     state = Drafting(drafter, prompt, copies or CopyAcceptance(), traffic)
     step = target_pass((yield Forward(prompt, hidden_states=True)), layer_ids)
@@ -464,7 +580,17 @@ def decode(
                 constraint,
                 room,
                 drafts=len(run) == 1,
+                trees=trees,
             )
+            if isinstance(proposal, TreeProposal):
+                kept, logits, next_token = yield from verify_tree_round(
+                    proposal, run, state, request, generator, rounds, layer_ids, constraint, stats
+                )
+                stats.forward_passes += 1
+                state.lookup.extend([anchor, *kept])
+                produced += len(run) + len(kept)
+                yield [*run, *kept]
+                continue
             tokens = proposal.tokens
             step = target_pass((yield Forward([*run, *tokens], hidden_states=True)), layer_ids)
             stats.forward_passes += 1

@@ -31,7 +31,7 @@ import threading
 from array import array
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from backends.traffic_settings import MIN_MATCH, TrafficOptions, TrafficSettings
 
@@ -51,6 +51,9 @@ an n-gram key (its tuple of ints, its list and its dict slot). Diverse text cost
 agent's templated answers, whose n-grams repeat, nearer 15."""
 GAP = -1
 """Between two answers in the array, so a match never runs from one answer into another."""
+MAX_FORKS = 2
+"""Other paths a draft offers a token tree (:mod:`backends.dspark.tree`): where the earlier answers split, the two
+likeliest runner-ups, each followed as far as its own votes carry it."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,9 @@ class TrafficDraft:
     """How many of the newest tokens the answers it came from share with the context."""
     votes: list[int]
     """How many earlier answers voted at each position (those that agreed up to it): the weight of its share."""
+    forks: tuple[TrafficDraft, ...] = ()
+    """Other paths after the same match, each leaving this one where the earlier answers split (at most
+    :data:`MAX_FORKS`, likeliest first): a token tree's other branches."""
 
     @property
     def shares(self) -> list[float]:
@@ -132,9 +138,12 @@ class TrafficCache:
                 self._cached -= length
                 self._compact()
 
-    def speculate(self, context: list[int], limit: int, options: TrafficOptions | None = None) -> TrafficDraft | None:
+    def speculate(
+        self, context: list[int], limit: int, options: TrafficOptions | None = None, forks: bool = False
+    ) -> TrafficDraft | None:
         """The best draft of at most ``limit`` tokens after ``context`` (the request's prompt and answer so far,
-        ending with the anchor), or None where nothing matches; ``options``: the request's (default: the pool's)."""
+        ending with the anchor), or None where nothing matches; ``options``: the request's (default: the pool's);
+        ``forks``: with its other paths (for a token tree)."""
         settings = options or self.settings
         if limit <= 0 or len(context) < MIN_MATCH:
             return None
@@ -148,7 +157,7 @@ class TrafficCache:
                 if end < oldest:  # an evicted answer's, and every one before it
                     break
                 matches.append((self._match(context, end - base, settings.depth), end - base))
-            return best_draft(self._tokens, matches, limit, settings)
+            return best_draft(self._tokens, matches, limit, settings, forks)
 
     def _match(self, context: list[int], at: int, depth: int) -> int:
         """How many tokens before position ``at`` of the array equal the context's last ones (at least MIN_MATCH,
@@ -182,17 +191,52 @@ class TrafficCache:
 
 
 def best_draft(
-    tokens: Sequence[int], matches: list[tuple[int, int]], limit: int, settings: TrafficOptions
+    tokens: Sequence[int], matches: list[tuple[int, int]], limit: int, settings: TrafficOptions, forks: bool = False
 ) -> TrafficDraft | None:
     """The draft with the highest summed probability among those from each match length (ties to the longer):
     ``matches`` are (match length, position its continuation starts at in ``tokens``), one per occurrence."""
     best: TrafficDraft | None = None
+    splits: list[Split] = []
     for m in _match_lengths(matches):
         length = min(limit, MAX_DRAFT, int(m * settings.length_factor))
         draft = _follow(tokens, [at for match, at in matches if match >= m], length, settings.min_token_prob)
         if draft and (best is None or sum(draft[1]) > sum(best.probs)):
-            best = TrafficDraft(draft[0], draft[1], m, draft[2])
-    return best
+            best, splits = TrafficDraft(draft[0], draft[1], m, draft[2]), draft[3]
+    if best is None or not splits or not forks:
+        return best
+    return replace(best, forks=_forks(tokens, best, splits, min(limit, MAX_DRAFT), settings.min_token_prob))
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where the earlier answers behind a draft split: at its position ``at``, the runner-up ``token``, the array
+    positions of the occurrences that continued with it, and its path probability."""
+
+    at: int
+    token: int
+    starts: list[int]
+    prob: float
+
+
+def _forks(
+    tokens: Sequence[int], draft: TrafficDraft, splits: list[Split], length: int, min_prob: float
+) -> tuple[TrafficDraft, ...]:
+    """The likeliest splits' paths: the draft up to the split, the runner-up, and what its occurrences continue with
+    while the whole path's probability stays at ``min_prob`` or above."""
+    forks = []
+    for split in sorted(splits, key=lambda s: -s.prob)[:MAX_FORKS]:
+        k, prob = split.at, split.prob
+        rest = _follow(tokens, [at + k + 1 for at in split.starts], length - k - 1, min_prob / prob)
+        more, more_probs, more_votes = rest[:3] if rest else ([], [], [])
+        forks.append(
+            TrafficDraft(
+                [*draft.tokens[:k], split.token, *more],
+                [*draft.probs[:k], prob, *(prob * p for p in more_probs)],
+                draft.match,
+                [*draft.votes[:k], draft.votes[k], *more_votes],
+            )
+        )
+    return tuple(forks)
 
 
 def _match_lengths(matches: list[tuple[int, int]]) -> list[int]:
@@ -204,13 +248,14 @@ def _match_lengths(matches: list[tuple[int, int]]) -> list[int]:
 
 def _follow(
     tokens: Sequence[int], starts: list[int], length: int, min_prob: float
-) -> tuple[list[int], list[float], list[int]] | None:
+) -> tuple[list[int], list[float], list[int], list[Split]] | None:
     """The most-voted path of up to ``length`` tokens from the array positions ``starts`` (each continuing an
-    occurrence of the match), with each token's path probability and how many voted for it; None where the first
-    token already falls below ``min_prob``."""
+    occurrence of the match), with each token's path probability, how many voted for it, and where the runner-up
+    kept a path probability of ``min_prob``; None where the first token already falls below ``min_prob``."""
     drafted: list[int] = []
     probs: list[float] = []
     voters: list[int] = []
+    splits: list[Split] = []
     prob, alive, end = 1.0, starts, len(tokens)
     for k in range(length):
         votes: dict[int, list[int]] = {}
@@ -220,15 +265,19 @@ def _follow(
                 votes.setdefault(token, []).append(at)
         if not votes:
             break
-        token, agreeing = max(votes.items(), key=lambda item: len(item[1]))
+        ranked = sorted(votes.items(), key=lambda item: -len(item[1]))
+        (token, agreeing), before = ranked[0], prob
         prob *= len(agreeing) / len(alive)
         if prob < min_prob:
             break
+        if len(ranked) > 1 and before * len(ranked[1][1]) / len(alive) >= min_prob:
+            runner, starts_with = ranked[1]
+            splits.append(Split(k, runner, starts_with, before * len(starts_with) / len(alive)))
         drafted.append(token)
         probs.append(prob)
         voters.append(len(alive))
         alive = agreeing
-    return (drafted, probs, voters) if drafted else None
+    return (drafted, probs, voters, splits) if drafted else None
 
 
 class TrafficCaches:

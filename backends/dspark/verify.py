@@ -139,10 +139,17 @@ class RoundStats:
         self._verified_at = [0] * width
 
     def verified(
-        self, drafted: int, accepted: int, copied: bool = False, traffic: bool = False, stored: bool = False
+        self,
+        drafted: int,
+        accepted: int,
+        copied: bool = False,
+        traffic: bool = False,
+        stored: bool = False,
+        tree: bool = False,
     ) -> None:
         """One round: ``drafted`` tokens verified after the anchor, ``accepted`` of them kept (by position up to the
-        drafter's width; a traffic draft may run longer)."""
+        drafter's width; a traffic draft may run longer); of a ``tree``, its longest branch and the branch kept, the
+        source flags naming the block that branch came from."""
         spans = self.spans
         for offset in range(min(drafted, len(self._verified_at))):
             self._verified_at[offset] += 1
@@ -153,6 +160,7 @@ class RoundStats:
         spans.copied_rounds += copied
         spans.traffic_rounds += traffic
         spans.datastore_rounds += stored
+        spans.tree_rounds += tree
         spans.proposed_span_hist[1 + drafted] = spans.proposed_span_hist.get(1 + drafted, 0) + 1
         spans.accepted_span_hist[1 + accepted] = spans.accepted_span_hist.get(1 + accepted, 0) + 1
 

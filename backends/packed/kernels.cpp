@@ -38,6 +38,19 @@ constexpr int64_t SPLIT = 128;
 // keys and values is read from memory once for all their query heads, and from cache for each group of four.
 constexpr int64_t RUN = 16;
 
+// Where the tokens of a verified token tree read their keys and values. A tree's first branch is written at its
+// positions, as any draft is; a token off it is written at a slot past the tree's first branch, since its position is
+// already another token's. Token t reads positions below first_off[t] in place and position p from first_off[t] on
+// at slots[t][p - first_off[t]] (its own ancestors off the first branch, then itself); attention copies those into
+// the order and lanes of their positions, so the token is weighed exactly as plain decoding would weigh it.
+// Empty where the forward has no tree.
+struct TreeView {
+    std::vector<int64_t> first_off;
+    std::vector<std::vector<int64_t>> slots;
+
+    bool off(int64_t t, const int64_t* pos) const { return !first_off.empty() && first_off[t] <= pos[t]; }
+};
+
 // How far ahead of a block of weights the matrix kernels ask for memory, by CPU vendor. A thread's tiles are one
 // contiguous stream, which the hardware prefetcher follows; on the Intel Xeon (Ice Lake) asking 4 KB ahead as well
 // made a step 6% faster and a pass of 8 tokens 9% (interleaved A/B, 5 runs each), where on the Zen 4 EPYC asking
@@ -295,7 +308,7 @@ struct Kernels {
     void (*silu_mul)(const float*, int64_t, int64_t, float*);
     void (*attention)(const float*, int64_t, int64_t, int64_t, int64_t, int64_t, const int64_t*, const int64_t*,
                       const std::vector<uint16_t*>&, const std::vector<uint16_t*>&, const std::vector<int64_t>&,
-                      int64_t, float*);
+                      int64_t, const TreeView&, float*);
 };
 
 // DSPARK_KERNELS=avx2 runs the AVX2 build on any CPU; =avx512 is honoured only where the CPU has AVX-512 (else its
@@ -486,10 +499,12 @@ class PackedModel {
     // tokens, seq, pos: [T] int64; keys/values: one cache per sequence. Returns the final normed hidden states
     // [T, hidden], the logits [T, vocab] (or of the tokens logit_rows names: a prefill needs only each prompt's
     // last) and every layer's input plus the normed output [layers + 1, T, hidden] (when asked), in HF's
-    // hidden_states order.
+    // hidden_states order. A token tree (tree_view) gives each token the slot its key and value are written at and
+    // its parent among the tokens (-1: the sequence's cache before it).
     std::vector<at::Tensor> forward(at::Tensor tokens, at::Tensor seq, at::Tensor pos, std::vector<at::Tensor> keys,
                                     std::vector<at::Tensor> values, bool want_states,
-                                    std::optional<at::Tensor> logit_rows) {
+                                    std::optional<at::Tensor> logit_rows, std::optional<at::Tensor> slots,
+                                    std::optional<at::Tensor> parents) {
         TORCH_CHECK(tokens.dtype() == at::kLong && seq.dtype() == at::kLong && pos.dtype() == at::kLong);
         const int64_t T = tokens.size(0), qkv_width = (heads_ + 2 * kv_heads_) * dim_;
         const auto f32 = at::TensorOptions().dtype(at::kFloat);
@@ -520,8 +535,12 @@ class PackedModel {
         const int64_t* tok = tokens.data_ptr<int64_t>();
         const int64_t* sq = seq.data_ptr<int64_t>();
         const int64_t* ps = pos.data_ptr<int64_t>();
+        TORCH_CHECK(slots.has_value() == parents.has_value(), "a tree gives both slots and parents");
+        const TreeView tree = slots ? tree_view(*slots, *parents, sq, ps) : TreeView{};
+        const int64_t* at_slot = slots ? slots->data_ptr<int64_t>() : ps;
         for (int64_t t = 0; t < T; ++t) {
-            TORCH_CHECK(sq[t] >= 0 && sq[t] < static_cast<int64_t>(keys.size()) && ps[t] >= 0 && ps[t] < caps[sq[t]],
+            TORCH_CHECK(sq[t] >= 0 && sq[t] < static_cast<int64_t>(keys.size()) && ps[t] >= 0 && ps[t] < caps[sq[t]] &&
+                            at_slot[t] < caps[sq[t]],
                         "token ", t, " has no room in its sequence's cache");
             TORCH_CHECK(tok[t] >= 0 && tok[t] < matrices_[0].rows, "token id ", tok[t], " out of range");
         }
@@ -542,8 +561,8 @@ class PackedModel {
                 if (want_states) std::memcpy(states[l].data_ptr<float>(), xp, T * hidden_ * sizeof(float));
                 rms_norm_rows(k, xp, T, hidden_, norms_[1 + 2 * l].data_ptr<float>(), eps_, hp);
                 multiply(k, m[0], hp, T, qp, scratch);
-                rope_and_store(qp, T, sq, ps, l, key_ptrs, value_ptrs, caps);
-                k.attention(qp, qkv_width, T, heads_, kv_heads_, dim_, sq, ps, key_ptrs, value_ptrs, caps, l,
+                rope_and_store(qp, T, sq, ps, at_slot, l, key_ptrs, value_ptrs, caps);
+                k.attention(qp, qkv_width, T, heads_, kv_heads_, dim_, sq, ps, key_ptrs, value_ptrs, caps, l, tree,
                             att.data_ptr<float>());
                 multiply(k, m[1], att.data_ptr<float>(), T, proj.data_ptr<float>(), scratch);
                 add_rows(xp, proj.data_ptr<float>(), T, hidden_);
@@ -575,9 +594,42 @@ class PackedModel {
     }
 
    private:
+    // Each tree token's view (TreeView), checked: a token is written at its position or past it, at a slot of its
+    // own; its parent comes before it in its sequence, one position back; and a token written at its position has
+    // every ancestor at theirs, the one before it (the tree's first branch, read in place as any draft is).
+    static TreeView tree_view(const at::Tensor& slots, const at::Tensor& parents, const int64_t* seq,
+                              const int64_t* pos) {
+        const int64_t T = slots.size(0);
+        TORCH_CHECK(slots.dtype() == at::kLong && parents.dtype() == at::kLong && slots.is_contiguous() &&
+                        parents.is_contiguous() && parents.size(0) == T,
+                    "slots and parents must be contiguous int64, one per token");
+        const int64_t* slot = slots.data_ptr<int64_t>();
+        const int64_t* parent = parents.data_ptr<int64_t>();
+        TreeView tree{std::vector<int64_t>(T), std::vector<std::vector<int64_t>>(T)};
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t up = parent[t];
+            TORCH_CHECK(slot[t] >= pos[t], "token ", t, " is written before its position");
+            TORCH_CHECK(up < t && (up < 0 || (seq[up] == seq[t] && pos[up] + 1 == pos[t])),
+                        "token ", t, "'s parent is not the token one position before it in its sequence");
+            if (slot[t] == pos[t]) {
+                TORCH_CHECK(up < 0 || (up == t - 1 && slot[up] == pos[up]),
+                            "token ", t, " is written at its position, but its parent is not at theirs");
+                tree.first_off[t] = pos[t] + 1;
+                continue;
+            }
+            std::vector<int64_t>& path = tree.slots[t];
+            int64_t a = t;
+            for (; a >= 0 && slot[a] != pos[a]; a = parent[a]) path.push_back(slot[a]);
+            std::reverse(path.begin(), path.end());
+            tree.first_off[t] = pos[t] + 1 - static_cast<int64_t>(path.size());
+        }
+        return tree;
+    }
+
     // RoPE on q and k in GGUF's row order (each head's pairs interleaved: element 2i with 2i + 1, frequency i),
-    // then k and v into the token's slot of its sequence's cache.
-    void rope_and_store(float* qkv, int64_t T, const int64_t* seq, const int64_t* pos, int64_t layer,
+    // then k and v into the token's slot of its sequence's cache (its position, unless a tree puts it past it).
+    void rope_and_store(float* qkv, int64_t T, const int64_t* seq, const int64_t* pos, const int64_t* slot,
+                        int64_t layer,
                         const std::vector<uint16_t*>& keys, const std::vector<uint16_t*>& values,
                         const std::vector<int64_t>& caps) const {
         const int64_t width = (heads_ + 2 * kv_heads_) * dim_, half = dim_ / 2;
@@ -595,8 +647,8 @@ class PackedModel {
             }
             for (int64_t h = 0; h < kv_heads_; ++h) {
                 const int64_t head = (layer * kv_heads_ + h) * caps[seq[t]] * dim_;
-                uint16_t* key = keys[seq[t]] + head + pos[t] / 16 * dim_ * 16 + pos[t] % 16;
-                uint16_t* value = values[seq[t]] + head + pos[t] * dim_;
+                uint16_t* key = keys[seq[t]] + head + slot[t] / 16 * dim_ * 16 + slot[t] % 16;
+                uint16_t* value = values[seq[t]] + head + slot[t] * dim_;
                 const float* k = row + (heads_ + h) * dim_;
                 const float* v = row + (heads_ + kv_heads_ + h) * dim_;
                 for (int64_t d = 0; d < dim_; ++d) {
@@ -646,7 +698,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                             at::Tensor, std::shared_ptr<ComputePool>>())
         .def("forward", &PackedModel::forward, pybind11::arg("tokens"), pybind11::arg("seq"), pybind11::arg("pos"),
              pybind11::arg("keys"), pybind11::arg("values"), pybind11::arg("want_states"),
-             pybind11::arg("logit_rows") = std::nullopt)
+             pybind11::arg("logit_rows") = std::nullopt, pybind11::arg("slots") = std::nullopt,
+             pybind11::arg("parents") = std::nullopt)
         .def("matmul", &PackedModel::matmul)
         .def_property_readonly("kernels", &PackedModel::kernels);
     pybind11::class_<PackedDrafter>(m, "PackedDrafter")

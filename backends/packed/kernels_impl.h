@@ -327,6 +327,7 @@ struct SplitHeads {
     void clear() { q.clear(), n.clear(), out.clear(), shift.clear(), sum.clear(); }
 };
 
+// k and v: the split's first chunk of keys and first value.
 void attend_split(SplitHeads& heads, const uint16_t* k, const uint16_t* v, int64_t s0, int64_t dim, V scale) {
     const int64_t H = static_cast<int64_t>(heads.q.size());
     auto& count = heads.count;
@@ -343,7 +344,7 @@ void attend_split(SplitHeads& heads, const uint16_t* k, const uint16_t* v, int64
     float* factor = heads.factor.data();
     for (int64_t c = 0; c < chunks; ++c) {
         for (int64_t i = 0; i < H; ++i) cells[i] = scores + i * width + c * 16;
-        const uint16_t* kc = k + (s0 / 16 + c) * dim * 16;
+        const uint16_t* kc = k + c * dim * 16;
         for (int64_t i = 0; i < H; i += 4) {
             switch (std::min<int64_t>(4, H - i)) {
                 case 1: score_chunk<1>(&heads.q[i], kc, dim, scale, cells + i); break;
@@ -365,7 +366,7 @@ void attend_split(SplitHeads& heads, const uint16_t* k, const uint16_t* v, int64
             *heads.sum[i] = sum;
         }
     }
-    const uint16_t* vs = v + s0 * dim;
+    const uint16_t* vs = v;
     float* const* out = heads.out.data();
     for (int64_t i = 0; i < H; i += 4) {
         const int64_t g = std::min<int64_t>(4, H - i), n = *std::max_element(&count[i], &count[i] + g);
@@ -394,6 +395,26 @@ inline void combine_splits(const float* parts, const float* shift, const float* 
     }
 }
 
+// A tree token's positions in the split from s0 (up to its own, ``last``), where ``k`` and ``v`` are one key-value
+// head's cache: copied into ``keys`` (chunks of 16) and ``values`` in the order and lanes of their positions, whole
+// chunks and rows at a time below the first position read off the tree's first branch, then that branch's tokens.
+inline void gather_split(const TreeView& tree, int64_t t, int64_t last, int64_t s0, const uint16_t* k,
+                         const uint16_t* v, int64_t dim, std::vector<uint16_t>& keys, std::vector<uint16_t>& values) {
+    keys.resize(SPLIT * dim);  // lanes past ``last`` keep earlier finite values, which attention weighs at 0
+    values.resize(SPLIT * dim);
+    const int64_t end = std::min(s0 + SPLIT, last + 1), off = std::max(s0, std::min(tree.first_off[t], end));
+    const int64_t whole = (off - s0) / 16;  // chunks entirely in place
+    std::memcpy(keys.data(), k + s0 / 16 * dim * 16, whole * dim * 16 * sizeof(uint16_t));
+    std::memcpy(values.data(), v + s0 * dim, (off - s0) * dim * sizeof(uint16_t));
+    for (int64_t p = s0 + whole * 16; p < end; ++p) {
+        const int64_t from = p < off ? p : tree.slots[t][p - tree.first_off[t]], j = p - s0;
+        const uint16_t* key = k + from / 16 * dim * 16 + from % 16;
+        uint16_t* to = keys.data() + j / 16 * dim * 16 + j % 16;
+        for (int64_t d = 0; d < dim; ++d) to[d * 16] = key[d * 16];
+        if (p >= off) std::memcpy(values.data() + j * dim, v + from * dim, dim * sizeof(uint16_t));
+    }
+}
+
 // Causal attention of every new token over its own sequence's cache, positions 0..pos inclusive (the token's own
 // key and value are already written); token t's query heads start at q + t * q_stride. Keys are stored in chunks
 // of 16 positions, each [head_dim][16] (kernels.cpp), so one vector holds 16 positions' scores.
@@ -406,14 +427,16 @@ inline void combine_splits(const float* parts, const float* shift, const float* 
 // thread with twice the other's positions.
 void attention(const float* q, int64_t q_stride, int64_t T, int64_t heads, int64_t kv_heads, int64_t dim,
                const int64_t* seq, const int64_t* pos, const std::vector<uint16_t*>& keys,
-               const std::vector<uint16_t*>& values, const std::vector<int64_t>& caps, int64_t layer, float* out) {
+               const std::vector<uint16_t*>& values, const std::vector<int64_t>& caps, int64_t layer,
+               const TreeView& tree, float* out) {
     constexpr int64_t PARTS = 1 << 20;
     const int64_t group = heads / kv_heads;
     const V scale = vset(1.0f / std::sqrt(static_cast<float>(dim)));
     auto splits = [&](int64_t t) { return (pos[t] + SPLIT) / SPLIT; };  // ceil((pos + 1) / SPLIT)
     std::vector<int64_t> starts;  // each run's first token, then T
     for (int64_t t = 0; t < T; ++t) {
-        const bool follows = t > 0 && seq[t] == seq[t - 1] && pos[t] == pos[t - 1] + 1;
+        const bool follows = t > 0 && seq[t] == seq[t - 1] && pos[t] == pos[t - 1] + 1 && !tree.off(t, pos) &&
+                             !tree.off(t - 1, pos);  // a tree token off its first branch is a run of its own
         if (!follows || t - starts.back() == RUN) starts.push_back(t);
     }
     starts.push_back(T);
@@ -443,6 +466,7 @@ void attention(const float* q, int64_t q_stride, int64_t T, int64_t heads, int64
         }
         parallel_each(0, static_cast<int64_t>(items.size()), [&](int64_t i0, int64_t i1) {
             SplitHeads hs;
+            std::vector<uint16_t> tree_keys, tree_values;
             for (int64_t i = i0; i < i1; ++i) {
                 const Item item = items[i];
                 const int64_t t0 = starts[item.run], t1 = starts[item.run + 1], s0 = item.split * SPLIT;
@@ -460,7 +484,14 @@ void attention(const float* q, int64_t q_stride, int64_t T, int64_t heads, int64
                     }
                 }
                 const int64_t offset = (layer * kv_heads + item.kv) * caps[seq[t0]] * dim;
-                attend_split(hs, keys[seq[t0]] + offset, values[seq[t0]] + offset, s0, dim, scale);
+                const uint16_t* k = keys[seq[t0]] + offset;
+                const uint16_t* v = values[seq[t0]] + offset;
+                if (tree.off(t0, pos) && s0 + SPLIT > tree.first_off[t0]) {
+                    gather_split(tree, t0, pos[t0], s0, k, v, dim, tree_keys, tree_values);
+                    attend_split(hs, tree_keys.data(), tree_values.data(), s0, dim, scale);
+                } else {
+                    attend_split(hs, k + s0 / 16 * dim * 16, v + s0 * dim, s0, dim, scale);
+                }
             }
         });
         const int64_t t0 = starts[first], t1 = starts[last];

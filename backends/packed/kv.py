@@ -73,32 +73,64 @@ class PackedKV(BatchRows):
             states = JoinedStates(hit.prefix.states or {}, hit.shared, states)
         return replace(out, hidden_states=states, cached=hit.shared)
 
-    def step(self, inputs: list[list[int]], hidden_states: bool = False) -> list[ForwardOut]:
-        """One forward over every row, row r fed ``inputs[r]`` (at least one token each)."""
+    def step(
+        self, inputs: list[list[int]], hidden_states: bool = False, trees: list[list[int] | None] | None = None
+    ) -> list[ForwardOut]:
+        """One forward over every row, row r fed ``inputs[r]`` (at least one token each), as a token tree where
+        ``trees[r]`` gives each token's parent (:class:`~backends.steps.Forward`)."""
         if len(inputs) != self.rows:
             raise ValueError(f"{len(inputs)} inputs for {self.rows} rows")
-        return self._forward(list(range(self.rows)), inputs, hidden_states)
+        return self._forward(list(range(self.rows)), inputs, hidden_states, trees=trees)
 
     def rewind(self, member: object, tokens: int) -> None:
         """Forget the last ``tokens`` positions of ``member``'s row (its rejected draft)."""
         if tokens > 0:
             self.lengths[self._index(member)] -= tokens
 
+    def keep(self, member: object, forwarded: int, kept: list[int]) -> None:
+        """Of the last forward's ``forwarded`` tokens (a tree's, each at the slot of its index), keep the path
+        ``kept`` at the positions it stands for and forget the rest; a kept token written past its position moves
+        there."""
+        r = self._index(member)
+        start = self.lengths[r] - forwarded
+        moved = [(start + index, start + depth) for depth, index in enumerate(kept) if index != depth]
+        if moved:
+            slots, positions = zip(*moved)
+            self.model.move_positions(self.caches[r], list(slots), list(positions))
+        self.lengths[r] = start + len(kept)
+
     def remove(self, member: object) -> None:
         r = self._index(member)
         del self.members[r], self.lengths[r], self.caches[r]
 
     def _forward(
-        self, rows: list[int], inputs: list[list[int]], hidden_states: bool, last_logits: bool = False
+        self,
+        rows: list[int],
+        inputs: list[list[int]],
+        hidden_states: bool,
+        last_logits: bool = False,
+        trees: list[list[int] | None] | None = None,
     ) -> list[ForwardOut]:
         """The forward's inputs are built as Python lists and made tensors once each: a decoding step feeds a token
-        or a few a row, and every torch op here costs a few microseconds more than the list it replaces."""
+        or a few a row, and every torch op here costs a few microseconds more than the list it replaces. A tree's
+        token is written at the slot of its index and stands at the position of its depth."""
         counts = [len(tokens) for tokens in inputs]
         for r, n in zip(rows, counts):
             self._reserve(r, self.lengths[r] + n)
         seq = [r for r, n in zip(rows, counts) for _ in range(n)]
-        positions = [p for r, n in zip(rows, counts) for p in range(self.lengths[r], self.lengths[r] + n)]
         ends = list(accumulate(counts))
+        trees = trees or [None] * len(rows)
+        depths = [_depths(parents) if parents is not None else range(n) for parents, n in zip(trees, counts)]
+        positions = [self.lengths[r] + d for r, row in zip(rows, depths) for d in row]
+        tree = None
+        if any(parents is not None for parents in trees):
+            slots = [p for r, n in zip(rows, counts) for p in range(self.lengths[r], self.lengths[r] + n)]
+            parents = [
+                -1 if up < 0 else end - n + up
+                for row, n, end in zip(trees, counts, ends)
+                for up in (row if row is not None else range(-1, n - 1))
+            ]
+            tree = torch.tensor(slots), torch.tensor(parents)
         hidden, logits, states = self.model.forward(
             torch.tensor([t for row in inputs for t in row]),
             torch.tensor(seq),
@@ -106,6 +138,7 @@ class PackedKV(BatchRows):
             self.caches,
             hidden_states,
             torch.tensor([end - 1 for end in ends]) if last_logits else None,
+            tree,
         )
         results = []
         for i, (r, n, end) in enumerate(zip(rows, counts, ends)):
@@ -120,6 +153,14 @@ class PackedKV(BatchRows):
         room = self.model.capacity(self.caches[r])
         if positions > room:
             self.caches[r] = self.model.grown_cache(self.caches[r], self.lengths[r], max(positions, 2 * room))
+
+
+def _depths(parents: list[int]) -> list[int]:
+    """Each tree token's depth below what its request committed before (its parent's plus one)."""
+    depths: list[int] = []
+    for up in parents:
+        depths.append(0 if up < 0 else depths[up] + 1)
+    return depths
 
 
 class LayerRows(Sequence):

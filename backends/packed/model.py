@@ -139,6 +139,14 @@ class PackedLlama:
         target[1][:, :, :length] = source[1][:, :, :length]
 
     @staticmethod
+    def move_positions(cache: tuple[torch.Tensor, torch.Tensor], slots: list[int], positions: list[int]) -> None:
+        """The keys and values at ``slots`` to ``positions`` (a verified tree's kept branch into place)."""
+        source, target = torch.tensor(slots), torch.tensor(positions)
+        keys, values = cache
+        keys[:, :, target // KEY_CHUNK, :, target % KEY_CHUNK] = keys[:, :, source // KEY_CHUNK, :, source % KEY_CHUNK]
+        values[:, :, target] = values[:, :, source]
+
+    @staticmethod
     def capacity(cache: tuple[torch.Tensor, torch.Tensor]) -> int:
         return cache[1].shape[2]
 
@@ -150,12 +158,16 @@ class PackedLlama:
         caches: list[tuple[torch.Tensor, torch.Tensor]],
         states: bool = False,
         logit_rows: torch.Tensor | None = None,
+        tree: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Normed last hidden state [T, hidden], logits [T, vocab] (only of the tokens ``logit_rows`` names, when
         given) and (``states``) every layer's input plus the normed output [layers + 1, T, hidden]; token t is
-        sequence ``seq[t]``'s, at ``positions[t]``."""
+        sequence ``seq[t]``'s, at ``positions[t]``. A token tree (``tree``: each token's cache slot, and its
+        parent's index among the tokens, -1 for its sequence's cache) lets a token see only its ancestors; a token
+        off the tree's first branch is written at a slot past its position (kernels.cpp's ``TreeView``)."""
+        slots, parents = tree if tree is not None else (None, None)
         hidden, logits, layers = self.engine.forward(
-            tokens, seq, positions, [k for k, _ in caches], [v for _, v in caches], states, logit_rows
+            tokens, seq, positions, [k for k, _ in caches], [v for _, v in caches], states, logit_rows, slots, parents
         )
         return hidden, logits, layers if states else None
 
