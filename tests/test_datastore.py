@@ -69,7 +69,7 @@ def test_the_index_is_built_once_per_corpus_and_mapped_from_disk(tmp_path):
     assert (tmp_path / INDEX_DIR / "stamp").is_file()
     stamp = (tmp_path / INDEX_DIR / "stamp").read_text()
     mapped = Datastore.open(tmp_path)
-    assert isinstance(mapped._tokens, np.memmap) and (tmp_path / INDEX_DIR / "stamp").read_text() == stamp
+    assert isinstance(mapped._tokens.base, np.memmap) and (tmp_path / INDEX_DIR / "stamp").read_text() == stamp
     assert mapped.speculate([5, 6, 7], 8, OPTIONS) == built.speculate([5, 6, 7], 8, OPTIONS)
     assert mapped.memory_bytes == 4 * mapped.tokens + (4 + 8) * len(mapped._starts)
     (tmp_path / ANSWERS_FILE).write_bytes(gzip.compress(lines.replace("11]", "12]").encode()))

@@ -199,10 +199,11 @@ def best_draft(
     splits: list[Split] = []
     for m in _match_lengths(matches):
         length = min(limit, MAX_DRAFT, int(m * settings.length_factor))
-        draft = _follow(tokens, [at for match, at in matches if match >= m], length, settings.min_token_prob)
+        found: list[Split] | None = [] if forks else None
+        draft = _follow(tokens, [at for match, at in matches if match >= m], length, settings.min_token_prob, found)
         if draft and (best is None or sum(draft[1]) > sum(best.probs)):
-            best, splits = TrafficDraft(draft[0], draft[1], m, draft[2]), draft[3]
-    if best is None or not splits or not forks:
+            best, splits = TrafficDraft(draft[0], draft[1], m, draft[2]), found or []
+    if best is None or not splits:
         return best
     return replace(best, forks=_forks(tokens, best, splits, min(limit, MAX_DRAFT), settings.min_token_prob))
 
@@ -227,7 +228,7 @@ def _forks(
     for split in sorted(splits, key=lambda s: -s.prob)[:MAX_FORKS]:
         k, prob = split.at, split.prob
         rest = _follow(tokens, [at + k + 1 for at in split.starts], length - k - 1, min_prob / prob)
-        more, more_probs, more_votes = rest[:3] if rest else ([], [], [])
+        more, more_probs, more_votes = rest if rest else ([], [], [])
         forks.append(
             TrafficDraft(
                 [*draft.tokens[:k], split.token, *more],
@@ -247,15 +248,15 @@ def _match_lengths(matches: list[tuple[int, int]]) -> list[int]:
 
 
 def _follow(
-    tokens: Sequence[int], starts: list[int], length: int, min_prob: float
-) -> tuple[list[int], list[float], list[int], list[Split]] | None:
+    tokens: Sequence[int], starts: list[int], length: int, min_prob: float, splits: list[Split] | None = None
+) -> tuple[list[int], list[float], list[int]] | None:
     """The most-voted path of up to ``length`` tokens from the array positions ``starts`` (each continuing an
-    occurrence of the match), with each token's path probability, how many voted for it, and where the runner-up
-    kept a path probability of ``min_prob``; None where the first token already falls below ``min_prob``."""
+    occurrence of the match), with each token's path probability and how many voted for it; None where the first
+    token already falls below ``min_prob``. Into ``splits`` (where given), each position where the runner-up kept
+    a path probability of ``min_prob``."""
     drafted: list[int] = []
     probs: list[float] = []
     voters: list[int] = []
-    splits: list[Split] = []
     prob, alive, end = 1.0, starts, len(tokens)
     for k in range(length):
         votes: dict[int, list[int]] = {}
@@ -265,19 +266,20 @@ def _follow(
                 votes.setdefault(token, []).append(at)
         if not votes:
             break
-        ranked = sorted(votes.items(), key=lambda item: -len(item[1]))
-        (token, agreeing), before = ranked[0], prob
+        token, agreeing = max(votes.items(), key=lambda item: len(item[1]))
+        before = prob
         prob *= len(agreeing) / len(alive)
         if prob < min_prob:
             break
-        if len(ranked) > 1 and before * len(ranked[1][1]) / len(alive) >= min_prob:
-            runner, starts_with = ranked[1]
-            splits.append(Split(k, runner, starts_with, before * len(starts_with) / len(alive)))
+        if splits is not None and len(votes) > 1:
+            runner, starts_with = max((item for item in votes.items() if item[0] != token), key=lambda i: len(i[1]))
+            if before * len(starts_with) / len(alive) >= min_prob:
+                splits.append(Split(k, runner, starts_with, before * len(starts_with) / len(alive)))
         drafted.append(token)
         probs.append(prob)
         voters.append(len(alive))
         alive = agreeing
-    return (drafted, probs, voters, splits) if drafted else None
+    return (drafted, probs, voters) if drafted else None
 
 
 class TrafficCaches:
