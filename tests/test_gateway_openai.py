@@ -59,7 +59,14 @@ def test_chat_completion_equals_the_in_process_result(client, gateway_router):
     assert completion.usage.prompt_tokens == expected.usage.prompt_tokens
     assert completion.model == "dspark-router/standard"
     dspark = completion.usage.model_extra["dspark"]
-    assert dspark == {"mean_accepted_tokens": 1.0, "forward_passes": 6, "forced_tokens": 0, "traffic_rounds": 0}
+    assert dspark == {
+        "mean_accepted_tokens": 1.0,
+        "forward_passes": 6,
+        "forced_tokens": 0,
+        "traffic_rounds": 0,
+        "datastore_rounds": 0,
+        "tree_rounds": 0,
+    }
     assert completion.model_extra["dspark_router"]["decision"]["rule"] == "default"
 
 

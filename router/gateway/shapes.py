@@ -42,6 +42,10 @@ class DSparkUsage(BaseModel):
     traffic_rounds: int = Field(
         default=0, description="rounds that verified a draft from the pool's earlier answers (this caller's scope)"
     )
+    datastore_rounds: int = Field(
+        default=0, description="rounds that verified a draft from the target's own answers shipped with its drafters"
+    )
+    tree_rounds: int = Field(default=0, description="rounds that verified several drafts as one token tree")
 
 
 class PromptTokensDetails(BaseModel):
@@ -62,7 +66,7 @@ class RouterInfo(BaseModel):
 
 
 def usage(result: RoutedResult) -> Usage:
-    counts = result.usage
+    counts, spans = result.usage, result.stats.spans
     return Usage(
         prompt_tokens=counts.prompt_tokens,
         completion_tokens=counts.completion_tokens,
@@ -72,7 +76,9 @@ def usage(result: RoutedResult) -> Usage:
             mean_accepted_tokens=result.measured.mean_accepted_tokens,
             forward_passes=result.stats.forward_passes,
             forced_tokens=result.stats.forced_tokens,
-            traffic_rounds=result.stats.spans.traffic_rounds if result.stats.spans else 0,
+            traffic_rounds=spans.traffic_rounds if spans else 0,
+            datastore_rounds=spans.datastore_rounds if spans else 0,
+            tree_rounds=spans.tree_rounds if spans else 0,
         ),
     )
 
