@@ -19,6 +19,13 @@ def test_the_longest_earlier_ngram_ending_with_the_anchor_gives_the_copy():
     assert NgramLookup([4, 5]).propose(4, 4) == Copy([5, 4, 5, 4], match=1), "past the present, the copy repeats"
 
 
+def test_the_alternative_copy_is_the_latest_occurrence_that_went_on_otherwise():
+    lookup = NgramLookup([7, 1, 2, 10, 7, 1, 2, 20, 7, 1])
+    assert lookup.propose(2, 2).tokens == [20, 7] and lookup.alternative(2, 2) == Copy([10, 7], match=3)
+    assert NgramLookup([7, 1, 2, 20, 7, 1, 2, 20]).alternative(2, 2) is None, "every occurrence went on alike"
+    assert lookup.alternative(42, 2) is None
+
+
 def test_a_copy_that_runs_into_the_present_repeats_the_period_its_match_found():
     lookup = NgramLookup([9, 1, 2, 3, 1, 2])
     assert lookup.propose(3, 7).tokens == [1, 2, 3, 1, 2, 3, 1], "1 2 3 1 2 3: period 3"

@@ -7,11 +7,13 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from backends.default_model import DEFAULT_MODEL
+from backends.dspark.backend import DSparkBackend
 from backends.dspark.tree import ANCHOR, Branch, TokenTree, merged, verify_tree
 from backends.loading import load_model
 from backends.sampling import sample, token_probs
 from backends.scheduling import prefix_survival
-from backends.types import GenerationRequest
+from backends.types import DSparkOptions, GenerationRequest
 
 BLOCKS = [Branch([1, 2, 3], [0.9, 0.5, 0.5]), Branch([1, 4], [0.8, 0.9]), Branch([5, 6], [0.3, 0.9])]
 
@@ -112,3 +114,26 @@ def test_sampled_tree_verification_is_distributed_as_the_target_on_a_tiny_model(
         expected = [exact[k] * 3000 / sum(exact.values()) for k in exact]
         p_value = chisquare([counts.get(k, 0) for k in exact], expected).pvalue
         assert (p_value > 1e-3) == passes, p_value
+
+
+def test_sampled_requests_verify_trees_of_the_copies_that_went_different_ways():
+    """A sampled request's looked-up blocks are copies from its own context: where an n-gram went on two ways (a
+    list that repeats with a change), both copies are one tree, verified by the rule above, on the default model;
+    with trees left off (the default) none is."""
+    backend = DSparkBackend.from_pretrained(DEFAULT_MODEL, drafter="dspark")
+    text = "List the colours: red, green, blue, red, green, yellow, red, green, blue, red, green, yellow. Repeat it."
+    rounds = {}
+    for trees in (True, None):
+        rounds[trees] = sum(
+            backend.complete(
+                GenerationRequest(
+                    messages=[{"role": "user", "content": text}],
+                    max_tokens=48,
+                    temperature=0.7,
+                    seed=seed,
+                    dspark=DSparkOptions(trees=trees),
+                )
+            ).stats.spans.tree_rounds
+            for seed in range(3)
+        )
+    assert rounds[True] > 0 and rounds[None] == 0

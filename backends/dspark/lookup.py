@@ -56,13 +56,20 @@ class NgramLookup:
     def __init__(self, tokens: list[int]) -> None:
         self.tokens: list[int] = []
         self.index: dict[tuple[int, ...], int] = {}
+        self.other: dict[tuple[int, ...], int] = {}
+        """Per n-gram, the latest occurrence that went on otherwise than the latest one: a token tree's other
+        branch (:meth:`alternative`)."""
         self.extend(tokens)
 
     def extend(self, tokens: list[int]) -> None:
         for token in tokens:
             end = len(self.tokens)
             for n in range(1, min(MAX_NGRAM, end) + 1):
-                self.index[tuple(self.tokens[end - n : end])] = end
+                key = tuple(self.tokens[end - n : end])
+                before = self.index.get(key)
+                if before is not None and self.tokens[before] != token:
+                    self.other[key] = before
+                self.index[key] = end
             self.tokens.append(token)
 
     def propose(self, anchor: int, limit: int) -> Copy | None:
@@ -71,9 +78,21 @@ class NgramLookup:
         goes on with the anchor and then with itself: the text from the occurrence on repeats with the period the
         match found, as a list, a table's rows or a looping answer does (a loop of two tokens was copied two tokens
         a round, where the whole block repeats it)."""
+        return self._copy(self.index, anchor, limit)
+
+    def alternative(self, anchor: int, limit: int) -> Copy | None:
+        """The copy after the latest earlier occurrence of the same n-gram that went on otherwise than the one
+        :meth:`propose` copies (None where every occurrence went on alike): a token tree's other branch."""
         history = [*self.tokens[-(MAX_NGRAM - 1) :], anchor]
-        for n in range(min(MAX_NGRAM, len(history)), 0, -1):
-            start = self.index.get(tuple(history[-n:]))
+        longest = next((n for n in range(min(MAX_NGRAM, len(history)), 0, -1) if tuple(history[-n:]) in self.index), 0)
+        return self._copy(self.other, anchor, limit, longest) if longest else None
+
+    def _copy(self, index: dict[tuple[int, ...], int], anchor: int, limit: int, only: int | None = None) -> Copy | None:
+        """The copy after ``index``'s occurrence of the longest n-gram ending with ``anchor`` (of ``only`` tokens,
+        where given)."""
+        history = [*self.tokens[-(MAX_NGRAM - 1) :], anchor]
+        for n in [only] if only else range(min(MAX_NGRAM, len(history)), 0, -1):
+            start = index.get(tuple(history[-n:]))
             if start is not None:
                 return Copy(self._periodic(start, anchor, limit), self._match(start, n)) if limit > 0 else None
         return None

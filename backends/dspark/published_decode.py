@@ -341,9 +341,10 @@ class LookedUp:
     match: int
     source: Source
     fork: bool = False
-    """Another path of a traffic draft (:attr:`~backends.dspark.traffic.TrafficDraft.forks`): a tree's branch
-    only, never verified alone, and what it earns is not learnt (its runner-up token would count against the drafts
-    of its kind)."""
+    """Another path where the looked-up text went on otherwise (a traffic draft's runner-up,
+    :attr:`~backends.dspark.traffic.TrafficDraft.forks`, or the copy after an earlier occurrence,
+    :meth:`~backends.dspark.lookup.NgramLookup.alternative`): a tree's branch only, never verified alone, and what
+    it earns is not learnt (its runner-up token would count against the blocks of its kind)."""
 
 
 def looked_up(
@@ -356,12 +357,15 @@ def looked_up(
     forks: bool = False,
 ) -> list[LookedUp]:
     """The blocks this round could copy: from the context (``lookup`` on) and from the traffic (where the pool has
-    it on), each up to its own limit; with ``forks``, a traffic draft's other paths too."""
+    it on), each up to its own limit; with ``forks``, the other paths too (a traffic draft's, and the copy after
+    the latest occurrence that went on otherwise)."""
     blocks = []
-    copy = state.lookup.propose(anchor, limit) if schedule.lookup != "off" else None
-    if copy:
+    copies = [state.lookup.propose(anchor, limit)] if schedule.lookup != "off" else []
+    if copies and copies[0] and forks:
+        copies.append(state.lookup.alternative(anchor, limit))
+    for copy in filter(None, copies):
         confidence = state.copies.confidence(copy.match, len(copy.tokens), greedy)
-        blocks.append(LookedUp(copy.tokens, confidence, copy.match, "copy"))
+        blocks.append(LookedUp(copy.tokens, confidence, copy.match, "copy", copy is not copies[0]))
     traffic = state.traffic
     if traffic is not None and traffic.options.enabled:
         context = [*state.lookup.tokens[-traffic.options.depth :], anchor]
