@@ -83,19 +83,17 @@ class NgramLookup:
     def alternative(self, anchor: int, limit: int) -> Copy | None:
         """The copy after the latest earlier occurrence of the same n-gram that went on otherwise than the one
         :meth:`propose` copies (None where every occurrence went on alike): a token tree's other branch."""
-        history = [*self.tokens[-(MAX_NGRAM - 1) :], anchor]
-        longest = next((n for n in range(min(MAX_NGRAM, len(history)), 0, -1) if tuple(history[-n:]) in self.index), 0)
-        return self._copy(self.other, anchor, limit, longest) if longest else None
+        return self._copy(self.other, anchor, limit)
 
-    def _copy(self, index: dict[tuple[int, ...], int], anchor: int, limit: int, only: int | None = None) -> Copy | None:
-        """The copy after ``index``'s occurrence of the longest n-gram ending with ``anchor`` (of ``only`` tokens,
-        where given)."""
+    def _copy(self, index: dict[tuple[int, ...], int], anchor: int, limit: int) -> Copy | None:
+        """The copy after ``index``'s occurrence of the longest n-gram ending with ``anchor`` that occurred before."""
         history = [*self.tokens[-(MAX_NGRAM - 1) :], anchor]
-        for n in [only] if only else range(min(MAX_NGRAM, len(history)), 0, -1):
-            start = index.get(tuple(history[-n:]))
-            if start is not None:
-                return Copy(self._periodic(start, anchor, limit), self._match(start, n)) if limit > 0 else None
-        return None
+        keys = (tuple(history[-n:]) for n in range(min(MAX_NGRAM, len(history)), 0, -1))
+        key = next((key for key in keys if key in self.index), None)
+        start = index.get(key)
+        if start is None or limit <= 0:
+            return None
+        return Copy(self._periodic(start, anchor, limit), self._match(start, len(key)))
 
     def _periodic(self, start: int, anchor: int, limit: int) -> list[int]:
         """``limit`` tokens of the sequence ``tokens + [anchor] + copy`` from ``start`` on (each is one already

@@ -41,7 +41,6 @@ import time
 from collections.abc import Generator
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
-from typing import Literal
 
 import torch
 
@@ -51,9 +50,10 @@ from backends.dspark.datastore import Datastore
 from backends.dspark.drafter import ContextCache, DSparkDrafter, target_features
 from backends.dspark.lookup import CopyAcceptance, MeasuredAcceptance, NgramLookup
 from backends.dspark.traffic import MAX_DRAFT, TrafficCache, TrafficCaches
-from backends.dspark.tree import ANCHOR, Branch, TokenTree, agreement, merged, verify_tree
-from backends.dspark.verify import RoundStats, verify
+from backends.dspark.tree import ANCHOR, Branch, TokenTree, merged, verify_tree
+from backends.dspark.verify import RoundStats, Source, verify
 from backends.loading import LoadedModel
+from backends.packed.prefix_cache import common_start
 from backends.sampling import pick_allowed, sample, token_probs
 from backends.scheduling import DraftCost, VerifySchedule, prefix_survival
 from backends.steps import Budget, DecodeLoop, Forward, ForwardOut, KeepPath, Rewind, Schedule, Step
@@ -64,9 +64,6 @@ TREE_WORK_S = 2e-4
 """What a tree round's own work (merging its blocks, walking the verified tree) costs before this request measured
 it: on a 2-core Xeon a tree of 10 nodes from 3 blocks took 0.08 ms to merge and cut and 0.04 ms to verify greedily,
 and under a grammar each block's walk adds 7 us a token."""
-Source = Literal["drafter", "copy", "traffic", "datastore"]
-"""Where a round's block came from: the drafter, the request's context, the pool's earlier answers, or the target's
-shipped answers."""
 
 
 @dataclass
@@ -408,7 +405,7 @@ def as_tree(
             branches.append(Branch(block.tokens, block.confidence))
             continue
         walk = constraint.follow(block.tokens, room)
-        own = agreement(walk.tokens, block.tokens)
+        own = common_start(walk.tokens, block.tokens)
         forced = walk.forced[:own]
         confidence = [1.0 if certain else c for c, certain in zip(block.confidence, forced)]
         branches.append(Branch(block.tokens[:own], confidence, forced))
@@ -455,8 +452,8 @@ def propose(
     best = chosen(schedule, [block for block in blocks if not block.fork], drafting)
     started = time.perf_counter()
     tree = as_tree(blocks, best, constraint, room) if best and trees else None
-    if tree is not None and tree_pays(schedule, tree.best_first(), best.confidence, state.tree_cost.seconds):
-        confidence = tree.best_first()
+    confidence = tree.best_first() if tree is not None else []
+    if tree is not None and tree_pays(schedule, confidence, best.confidence, state.tree_cost.seconds):
         built_s = time.perf_counter() - started
         budget = yield Budget(replace(schedule, draft_s=0.0), len(tree), tuple(prefix_survival(confidence)))
         count = (yield Schedule(schedule, confidence, budget)) if budget else 0
@@ -514,9 +511,9 @@ def verify_tree_round(
         stats.forced_tokens += sum(tree.forced[node] for node in path)
     for block in (block for block in proposal.blocks if not block.fork):
         tried = tree.reach(block.tokens)
-        state.earned(block.source).add(block.match, request.greedy, tried, min(agreement(block.tokens, kept), tried))
+        state.earned(block.source).add(block.match, request.greedy, tried, common_start(block.tokens, kept, tried))
     source = next((block.source for block in proposal.blocks if block.tokens[: len(kept)] == kept), "copy")
-    rounds.verified(tree.depth, len(kept), source == "copy", source == "traffic", source == "datastore", tree=True)
+    rounds.verified(tree.depth, len(kept), source, tree=True)
     rows = [*range(before), *(before + node for node in path)]
     yield KeepPath(before + len(tree), rows)
     state.pending.append(step.features[rows])
@@ -612,7 +609,7 @@ def decode(
                 proposal.forced,
             )
             source = proposal.source
-            rounds.verified(len(tokens), accepted, source == "copy", source == "traffic", source == "datastore")
+            rounds.verified(len(tokens), accepted, source)
             tried, kept = proposal.learnt(accepted)
             if source == "drafter":
                 if tried:

@@ -186,16 +186,9 @@ def _likeliest_first(tree: TokenTree, nodes: list[int], keep: set[int]) -> list[
     return sorted((node for node in nodes if node in keep), key=lambda node: (-tree.chance[node], node))
 
 
-def agreement(tokens: list[int], kept: list[int]) -> int:
-    """How many leading ``tokens`` equal those ``kept``."""
-    return next((k for k, (a, b) in enumerate(zip(tokens, kept)) if a != b), min(len(tokens), len(kept)))
-
-
-def greedy_targets(tree: TokenTree, logits: torch.Tensor, constraint: GrammarConstraint | None) -> list[int]:
-    """The target's argmax at the anchor and at each node (``logits`` [1 + nodes, V]), under ``constraint`` from the
+def greedy_targets(tree: TokenTree, logits: torch.Tensor, constraint: GrammarConstraint) -> list[int]:
+    """The target's argmax at the anchor and at each node (``logits`` [1 + nodes, V]) under ``constraint``, from the
     grammar's state after the node's own branch: each leaf's branch is one draft to the grammar."""
-    if constraint is None:
-        return greedy_tokens(logits)
     targets = constraint.greedy(logits[:1], [])  # the anchor's row, read by every leaf's branch too
     targets += [0] * len(tree)
     children = tree.children()

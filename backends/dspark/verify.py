@@ -12,11 +12,17 @@ p = 0 and is rejected like any other. Text the grammar forces is kept unchecked 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 
 from backends.constraints import GrammarConstraint
 from backends.sampling import greedy_tokens, sample, token_probs
 from backends.types import GenerationRequest, GenerationStats, SpanStats
+
+Source = Literal["drafter", "copy", "traffic", "datastore"]
+"""Where a round's block came from: the drafter, the request's context, the pool's earlier answers, or the target's
+shipped answers."""
 
 
 def masked_by_grammar(logits: torch.Tensor, draft: list[int], constraint: GrammarConstraint | None) -> torch.Tensor:
@@ -138,18 +144,10 @@ class RoundStats:
         )
         self._verified_at = [0] * width
 
-    def verified(
-        self,
-        drafted: int,
-        accepted: int,
-        copied: bool = False,
-        traffic: bool = False,
-        stored: bool = False,
-        tree: bool = False,
-    ) -> None:
+    def verified(self, drafted: int, accepted: int, source: Source = "drafter", tree: bool = False) -> None:
         """One round: ``drafted`` tokens verified after the anchor, ``accepted`` of them kept (by position up to the
-        drafter's width; a traffic draft may run longer); of a ``tree``, its longest branch and the branch kept, the
-        source flags naming the block that branch came from."""
+        drafter's width; a traffic draft may run longer), the block from ``source``; of a ``tree``, its longest
+        branch and the branch kept, ``source`` the block that branch came from."""
         spans = self.spans
         for offset in range(min(drafted, len(self._verified_at))):
             self._verified_at[offset] += 1
@@ -157,9 +155,9 @@ class RoundStats:
             spans.reached_by_offset[offset] += offset <= accepted
         spans.steps += 1
         spans.fallback_steps += drafted == 0
-        spans.copied_rounds += copied
-        spans.traffic_rounds += traffic
-        spans.datastore_rounds += stored
+        spans.copied_rounds += source == "copy"
+        spans.traffic_rounds += source == "traffic"
+        spans.datastore_rounds += source == "datastore"
         spans.tree_rounds += tree
         spans.proposed_span_hist[1 + drafted] = spans.proposed_span_hist.get(1 + drafted, 0) + 1
         spans.accepted_span_hist[1 + accepted] = spans.accepted_span_hist.get(1 + accepted, 0) + 1

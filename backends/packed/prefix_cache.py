@@ -69,7 +69,7 @@ class PrefixCache:
         for (kept_scope, tokens), prefix in self._prefixes.items():
             if kept_scope != scope or (states and prefix.states is None):
                 continue
-            shared = _common_start(tokens, prompt, len(prompt) - 1)
+            shared = common_start(tokens, prompt, len(prompt) - 1)
             if shared >= MIN_SHARED and (best is None or shared > best.shared):
                 best = Hit(prefix, shared)
         if best is not None:
@@ -105,8 +105,9 @@ class PrefixCache:
             self.nbytes -= evicted.nbytes
 
 
-def _common_start(a: Sequence[int], b: Sequence[int], limit: int) -> int:
-    n = min(len(a), len(b), limit)
+def common_start(a: Sequence[int], b: Sequence[int], limit: int | None = None) -> int:
+    """How many leading tokens ``a`` and ``b`` share (at most ``limit``)."""
+    n = min(len(a), len(b), len(a) if limit is None else limit)
     for i in range(n):
         if a[i] != b[i]:
             return i
